@@ -1,0 +1,42 @@
+"""Exceptions raised by loopguard.
+
+Every exception loopguard raises on bad input subclasses both :class:`LoopguardError` and the builtin a
+caller would expect (:class:`ValueError` or :class:`TypeError`), so ``except ValueError`` keeps working and
+``except LoopguardError`` catches only loopguard's own complaints. Messages follow one shape:
+"`name` must be <rule>, got <value>."
+
+Example:
+    >>> from loopguard.exceptions import ConfigError, LoopguardError
+    >>> issubclass(ConfigError, ValueError) and issubclass(ConfigError, LoopguardError)
+    True
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigError",
+    "InputError",
+    "LoopguardError",
+    "LoopguardTypeError",
+    "MissingDependencyError",
+]
+
+
+class LoopguardError(Exception):
+    """Base class of every exception loopguard raises on purpose."""
+
+
+class ConfigError(LoopguardError, ValueError):
+    """A configuration value is out of range, not finite, or not one of the allowed names."""
+
+
+class InputError(LoopguardError, ValueError):
+    """An array or sequence input has the wrong shape, length, size, or non-finite values."""
+
+
+class LoopguardTypeError(LoopguardError, TypeError):
+    """An argument has the wrong type (for example ``True`` where a number is expected)."""
+
+
+class MissingDependencyError(LoopguardError, ImportError):
+    """An optional dependency is not installed; the message names the extra that provides it."""

@@ -1,0 +1,175 @@
+"""Batches of variable-length token sequences in one flat array (CSR layout).
+
+Text kernels accept what trainers hand out: a list of token-id lists (TRL's ``completion_ids``), a 2-D
+integer array or tensor with no padding, or a list of strings (split on whitespace). All of them become a
+:class:`TokenBatch`: one flat int64 array of tokens plus row offsets, so the kernels are vectorised over the
+whole batch instead of looping in Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from loopguard._validation import (
+    MAX_TOKENS_PER_TRAJECTORY,
+    MAX_TRAJECTORIES,
+    describe,
+    to_numpy,
+)
+from loopguard.exceptions import InputError, LoopguardTypeError
+
+__all__ = ["TokenBatch", "as_token_batch"]
+
+
+@attrs.frozen(eq=False)
+class TokenBatch:
+    """Token sequences stored flat: row ``i`` is ``tokens[offsets[i]:offsets[i + 1]]``.
+
+    Attributes:
+        tokens: All tokens of all rows, int64, non-negative.
+        offsets: Row boundaries, int64, length ``n_rows + 1``, starting at 0 and non-decreasing.
+    """
+
+    tokens: NDArray[np.int64]
+    offsets: NDArray[np.int64]
+
+    @property
+    def n_rows(self) -> int:
+        """Number of sequences in the batch."""
+        return len(self.offsets) - 1
+
+    @property
+    def lengths(self) -> NDArray[np.int64]:
+        """Number of tokens in each sequence."""
+        return np.diff(self.offsets)
+
+    def row_ids(self) -> NDArray[np.int64]:
+        """Row index of every token, aligned with :attr:`tokens`."""
+        return np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths)
+
+
+def _from_rectangular(name: str, array: NDArray[np.generic]) -> TokenBatch:
+    if array.dtype.kind not in "iu":
+        msg = f"`{name}` must hold integer token ids, got dtype {array.dtype}."
+        raise LoopguardTypeError(msg)
+    rows, width = array.shape
+    tokens = np.ascontiguousarray(array, dtype=np.int64).reshape(-1)
+    offsets = np.arange(rows + 1, dtype=np.int64) * width
+    return TokenBatch(tokens=tokens, offsets=offsets)
+
+
+def _from_strings(sequences: Sequence[str]) -> TokenBatch:
+    vocabulary: dict[str, int] = {}
+    lookup = vocabulary.setdefault
+    words_per_row = [text.split() for text in sequences]
+    flat = [lookup(word, len(vocabulary)) for word in itertools.chain.from_iterable(words_per_row)]
+    lengths = np.fromiter((len(words) for words in words_per_row), dtype=np.int64, count=len(sequences))
+    offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return TokenBatch(tokens=np.asarray(flat, dtype=np.int64), offsets=offsets)
+
+
+def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
+    arrays = [to_numpy(f"{name}[{i}]", row) for i, row in enumerate(sequences)]
+    for i, row in enumerate(arrays):
+        if row.ndim != 1:
+            msg = f"`{name}[{i}]` must be a 1-D sequence of token ids, got shape {row.shape}."
+            raise InputError(msg)
+        if row.size and row.dtype.kind not in "iu":
+            kind = "booleans" if row.dtype.kind == "b" else f"dtype {row.dtype}"
+            msg = f"`{name}[{i}]` must hold integer token ids, got {kind}."
+            raise LoopguardTypeError(msg)
+    lengths = np.fromiter((row.size for row in arrays), dtype=np.int64, count=len(arrays))
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.concatenate(arrays).astype(np.int64, copy=False) if arrays else np.zeros(0, np.int64)
+    return TokenBatch(tokens=tokens, offsets=offsets)
+
+
+def as_token_batch(
+    name: str,
+    sequences: object,
+    *,
+    max_trajectories: int = MAX_TRAJECTORIES,
+    max_tokens: int = MAX_TOKENS_PER_TRAJECTORY,
+) -> TokenBatch:
+    """Validate a batch of token sequences and return it as a :class:`TokenBatch`.
+
+    Args:
+        name: Argument name used in error messages.
+        sequences: One of: a list of strings (tokens are whitespace-separated words; ids are assigned per
+            batch), a list of token-id sequences (lists, tuples, 1-D arrays or tensors), or a 2-D integer
+            array/tensor whose every entry is a token (strip padding first).
+        max_trajectories: Cap on the number of sequences (DoS cap).
+        max_tokens: Cap on the tokens in one sequence (DoS cap).
+
+    Returns:
+        The batch in flat form. Empty sequences are allowed; an empty batch is not.
+
+    Raises:
+        LoopguardTypeError: a bare string, mixed strings and ids, or non-integer ids.
+        InputError: empty batch, caps exceeded, or negative ids (typically unstripped padding such as -100).
+
+    Example:
+        >>> batch = as_token_batch("completions", ["a b a", "c"])
+        >>> batch.tokens.tolist(), batch.offsets.tolist()
+        ([0, 1, 0, 2], [0, 3, 4])
+        >>> as_token_batch("completion_ids", [[5, 6], [-100]])
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.InputError: `completion_ids` must hold token ids >= 0 (strip padding first), got -100 in row 1.
+    """  # noqa: E501
+    if isinstance(sequences, (str, bytes)):
+        msg = (
+            f"`{name}` must be a batch of sequences (a list of strings or of token-id lists), "
+            f"got a single {type(sequences).__name__} {describe(sequences)}."
+        )
+        raise LoopguardTypeError(msg)
+    if hasattr(sequences, "ndim") or isinstance(sequences, np.ndarray):
+        array = to_numpy(name, sequences)
+        if array.ndim != 2:
+            msg = f"`{name}` must be a 2-D array of token ids or a list of sequences, got {array.shape}."
+            raise InputError(msg)
+        batch = _from_rectangular(name, array)
+    elif isinstance(sequences, Sequence):
+        items: Sequence[object] = sequences
+        if len(items) and all(isinstance(item, str) for item in items):
+            batch = _from_strings(items)  # type: ignore[arg-type]
+        elif any(isinstance(item, (str, bytes)) for item in items):
+            msg = f"`{name}` must be all strings or all token-id sequences, not a mix."
+            raise LoopguardTypeError(msg)
+        else:
+            batch = _from_id_sequences(name, items)
+    else:
+        kind = type(sequences).__name__
+        msg = f"`{name}` must be a list of sequences, got {describe(sequences)} of type {kind}."
+        raise LoopguardTypeError(msg)
+
+    if batch.n_rows == 0:
+        msg = f"`{name}` must not be empty, got 0 sequences."
+        raise InputError(msg)
+    if batch.n_rows > max_trajectories:
+        msg = f"`{name}` must have at most {max_trajectories:,} sequences (DoS cap), got {batch.n_rows:,}."
+        raise InputError(msg)
+    lengths = batch.lengths
+    if lengths.size and int(lengths.max()) > max_tokens:
+        row = int(np.argmax(lengths))
+        msg = (
+            f"`{name}` must have at most {max_tokens:,} tokens per sequence (DoS cap), "
+            f"got {int(lengths[row]):,} in row {row}."
+        )
+        raise InputError(msg)
+    if batch.tokens.size and int(batch.tokens.min()) < 0:
+        position = int(np.argmax(batch.tokens < 0))
+        row = int(np.searchsorted(batch.offsets, position, side="right") - 1)
+        msg = (
+            f"`{name}` must hold token ids >= 0 (strip padding first), "
+            f"got {int(batch.tokens[position])} in row {row}."
+        )
+        raise InputError(msg)
+    return batch
