@@ -1,0 +1,72 @@
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopguard import InputError, LoopguardTypeError
+from loopguard.signals import TokenBatch, as_token_batch
+
+
+def _rows(batch: TokenBatch) -> list[list[int]]:
+    return [batch.tokens[a:b].tolist() for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+
+
+def test_list_of_id_lists_round_trips():
+    batch = as_token_batch("ids", [[1, 2, 3], [], [7]])
+    assert _rows(batch) == [[1, 2, 3], [], [7]]
+    assert batch.n_rows == 3
+    assert batch.lengths.tolist() == [3, 0, 1]
+    assert batch.row_ids().tolist() == [0, 0, 0, 2]
+
+
+def test_two_d_array_and_numpy_rows():
+    array = np.arange(6).reshape(2, 3)
+    assert _rows(as_token_batch("ids", array)) == [[0, 1, 2], [3, 4, 5]]
+    assert _rows(as_token_batch("ids", [np.array([4, 5]), np.array([], dtype=np.int64)])) == [[4, 5], []]
+
+
+def test_torch_inputs():
+    torch = pytest.importorskip("torch", reason="torch is part of the `hf` extra")
+    assert _rows(as_token_batch("ids", torch.tensor([[1, 2], [3, 4]]))) == [[1, 2], [3, 4]]
+    assert _rows(as_token_batch("ids", [torch.tensor([9]), torch.tensor([8, 8])])) == [[9], [8, 8]]
+
+
+def test_strings_map_words_to_batch_ids_in_order_of_first_use():
+    batch = as_token_batch("texts", ["the cat  the", "", "dog\tcat"])
+    assert _rows(batch) == [[0, 1, 0], [], [2, 1]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 50), max_size=12), min_size=1, max_size=12))
+def test_rows_preserved_for_any_ragged_batch(rows):
+    assert _rows(as_token_batch("ids", rows)) == rows
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ("a b c", LoopguardTypeError, "`ids` must be a batch of sequences (a list of strings or of token-id lists)"),
+        (["a b", [1, 2]], LoopguardTypeError, "`ids` must be all strings or all token-id sequences, not a mix."),
+        ([], InputError, "`ids` must not be empty, got 0 sequences."),
+        ([[1.0, 2.0]], LoopguardTypeError, "`ids[0]` must hold integer token ids, got dtype float64."),
+        ([[1], [True]], LoopguardTypeError, "`ids[1]` must hold integer token ids, got booleans."),
+        ([[1], [[1, 2]]], InputError, "`ids[1]` must be a 1-D sequence of token ids, got shape (1, 2)."),
+        ([[5, 6], [1, -100]], InputError, "`ids` must hold token ids >= 0 (strip padding first), got -100 in row 1."),
+        (np.zeros(3, dtype=int), InputError, "`ids` must be a 2-D array of token ids or a list of sequences"),
+        (np.zeros((2, 2)), LoopguardTypeError, "`ids` must hold integer token ids, got dtype float64."),
+        (42, LoopguardTypeError, "`ids` must be a list of sequences, got 42 of type int."),
+    ],
+)
+def test_bad_inputs(value, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        as_token_batch("ids", value)
+
+
+def test_caps():
+    with pytest.raises(InputError, match=re.escape("`ids` must have at most 2 sequences (DoS cap), got 3.")):
+        as_token_batch("ids", [[1], [2], [3]], max_trajectories=2)
+    message = "`ids` must have at most 3 tokens per sequence (DoS cap), got 4 in row 1."
+    with pytest.raises(InputError, match=re.escape(message)):
+        as_token_batch("ids", [[1], [1, 2, 3, 4]], max_tokens=3)
