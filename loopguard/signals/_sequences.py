@@ -38,6 +38,25 @@ class TokenBatch:
     tokens: NDArray[np.int64]
     offsets: NDArray[np.int64]
 
+    def __attrs_post_init__(self) -> None:
+        """Reject a hand-built batch whose offsets do not describe its tokens."""
+        for field, array in (("tokens", self.tokens), ("offsets", self.offsets)):
+            if not isinstance(array, np.ndarray) or array.ndim != 1 or array.dtype != np.int64:
+                msg = f"`TokenBatch.{field}` must be a 1-D int64 numpy array, got {describe(array)}."
+                raise LoopguardTypeError(msg)
+        offsets = self.offsets
+        if (
+            offsets.size == 0
+            or offsets[0] != 0
+            or offsets[-1] != self.tokens.size
+            or (offsets.size > 1 and bool((np.diff(offsets) < 0).any()))
+        ):
+            msg = (
+                "`TokenBatch.offsets` must start at 0, never decrease and end at len(tokens) "
+                f"({self.tokens.size}), got {describe(offsets)}."
+            )
+            raise InputError(msg)
+
     @property
     def n_rows(self) -> int:
         """Number of sequences in the batch."""
@@ -103,8 +122,9 @@ def as_token_batch(
     Args:
         name: Argument name used in error messages.
         sequences: One of: a list of strings (tokens are whitespace-separated words; ids are assigned per
-            batch), a list of token-id sequences (lists, tuples, 1-D arrays or tensors), or a 2-D integer
-            array/tensor whose every entry is a token (strip padding first).
+            batch), a list of token-id sequences (lists, tuples, 1-D arrays or tensors), a 2-D integer
+            array/tensor whose every entry is a token (strip padding first), or a :class:`TokenBatch`
+            (returned as is after the cap checks, so several kernels can share one conversion).
         max_trajectories: Cap on the number of sequences (DoS cap).
         max_tokens: Cap on the tokens in one sequence (DoS cap).
 
@@ -124,13 +144,15 @@ def as_token_batch(
         ...
         loopguard.exceptions.InputError: `completion_ids` must hold token ids >= 0 (strip padding first), got -100 in row 1.
     """  # noqa: E501
-    if isinstance(sequences, (str, bytes)):
+    if isinstance(sequences, TokenBatch):
+        batch = sequences
+    elif isinstance(sequences, (str, bytes)):
         msg = (
             f"`{name}` must be a batch of sequences (a list of strings or of token-id lists), "
             f"got a single {type(sequences).__name__} {describe(sequences)}."
         )
         raise LoopguardTypeError(msg)
-    if hasattr(sequences, "ndim") or isinstance(sequences, np.ndarray):
+    elif hasattr(sequences, "ndim") or isinstance(sequences, np.ndarray):
         array = to_numpy(name, sequences)
         if array.ndim != 2:
             msg = f"`{name}` must be a 2-D array of token ids or a list of sequences, got {array.shape}."

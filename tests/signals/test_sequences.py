@@ -70,3 +70,17 @@ def test_caps():
     message = "`ids` must have at most 3 tokens per sequence (DoS cap), got 4 in row 1."
     with pytest.raises(InputError, match=re.escape(message)):
         as_token_batch("ids", [[1], [1, 2, 3, 4]], max_tokens=3)
+
+
+def test_token_batch_passes_through_and_is_validated():
+    batch = as_token_batch("ids", [[1, 2], [3]])
+    assert as_token_batch("ids", batch) is batch
+    with pytest.raises(InputError, match=re.escape("`ids` must have at most 1 sequences (DoS cap), got 2.")):
+        as_token_batch("ids", batch, max_trajectories=1)
+    tokens = np.array([1, 2, 3], dtype=np.int64)
+    with pytest.raises(InputError, match=re.escape("`TokenBatch.offsets` must start at 0, never decrease")):
+        TokenBatch(tokens=tokens, offsets=np.array([0, 2, 1, 3], dtype=np.int64))
+    with pytest.raises(InputError, match=re.escape("end at len(tokens) (3)")):
+        TokenBatch(tokens=tokens, offsets=np.array([0, 2], dtype=np.int64))
+    with pytest.raises(LoopguardTypeError, match=re.escape("`TokenBatch.tokens` must be a 1-D int64 numpy array")):
+        TokenBatch(tokens=[1, 2, 3], offsets=np.array([0, 3], dtype=np.int64))
