@@ -76,6 +76,9 @@ def _from_rectangular(name: str, array: NDArray[np.generic]) -> TokenBatch:
     if array.dtype.kind not in "iu":
         msg = f"`{name}` must hold integer token ids, got dtype {array.dtype}."
         raise LoopguardTypeError(msg)
+    if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
+        msg = f"`{name}` must hold token ids that fit in int64, got {int(array.max())}."
+        raise InputError(msg)
     rows, width = array.shape
     tokens = np.ascontiguousarray(array, dtype=np.int64).reshape(-1)
     offsets = np.arange(rows + 1, dtype=np.int64) * width
@@ -103,10 +106,15 @@ def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
             kind = "booleans" if row.dtype.kind == "b" else f"dtype {row.dtype}"
             msg = f"`{name}[{i}]` must hold integer token ids, got {kind}."
             raise LoopguardTypeError(msg)
+        if row.dtype == np.uint64 and row.size and int(row.max()) > np.iinfo(np.int64).max:
+            msg = f"`{name}[{i}]` must hold token ids that fit in int64, got {int(row.max())}."
+            raise InputError(msg)
     lengths = np.fromiter((row.size for row in arrays), dtype=np.int64, count=len(arrays))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    tokens = np.concatenate(arrays).astype(np.int64, copy=False) if arrays else np.zeros(0, np.int64)
+    # Empty rows convert to float64 arrays; leave them out so ids are never routed through float64.
+    non_empty = [row for row in arrays if row.size]
+    tokens = np.concatenate(non_empty, dtype=np.int64) if non_empty else np.zeros(0, np.int64)
     return TokenBatch(tokens=tokens, offsets=offsets)
 
 

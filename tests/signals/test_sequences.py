@@ -84,3 +84,13 @@ def test_token_batch_passes_through_and_is_validated():
         TokenBatch(tokens=tokens, offsets=np.array([0, 2], dtype=np.int64))
     with pytest.raises(LoopguardTypeError, match=re.escape("`TokenBatch.tokens` must be a 1-D int64 numpy array")):
         TokenBatch(tokens=[1, 2, 3], offsets=np.array([0, 3], dtype=np.int64))
+
+
+def test_large_ids_survive_empty_rows_exactly():
+    big = 2**62 + 1
+    batch = as_token_batch("ids", [[big, big + 2], []])
+    assert batch.tokens.tolist() == [big, big + 2]
+    with pytest.raises(InputError, match=re.escape("`ids` must hold token ids that fit in int64")):
+        as_token_batch("ids", np.array([[2**63]], dtype=np.uint64))
+    with pytest.raises(InputError, match=re.escape("`ids[0]` must hold token ids that fit in int64")):
+        as_token_batch("ids", [np.array([2**63], dtype=np.uint64)])
