@@ -1,0 +1,195 @@
+"""Early warnings of collapse in group-based RL (GRPO, RLOO): the "echo trap".
+
+RAGEN (Wang et al., 2025) describes a collapse mode of multi-turn agent RL in which the policy settles
+into a few repetitive reasoning patterns. Its early warnings, visible long before the mean reward falls:
+the spread of rewards among the rollouts of one prompt (in-group reward std) drops sharply, and the mean
+token entropy falls; gradient-norm spikes confirm the collapse. Group-relative methods make the first one
+acute: a group whose rollouts all got the same reward has zero advantage and teaches nothing. (RAGEN's
+mitigation, training only on the top fraction of prompt groups ranked by in-group reward std, is a data
+filter, not a signal, and is not implemented here.)
+
+Rewards are laid out as TRL's GRPO lays them out: ``B = G * group_size`` entries, and each run of
+``group_size`` consecutive entries is the rollouts of one prompt.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from loopguard._validation import as_float_array, check_int, check_real
+from loopguard.exceptions import InputError
+from loopguard.signals._trend import TrendMethod, series_slope
+
+__all__ = ["entropy_trend", "group_reward_std", "zero_std_group_fraction"]
+
+
+def _as_groups(rewards: object, group_size: object) -> NDArray[np.float64]:
+    """Validate group-contiguous rewards and return them reshaped to ``[G, group_size]``."""
+    size = check_int("group_size", group_size, lo=2)
+    array = as_float_array("rewards", rewards)
+    if len(array) % size != 0:
+        msg = (
+            f"`rewards` must have a length divisible by `group_size` (rollouts per prompt), "
+            f"got {len(array)} rewards and group_size {size}."
+        )
+        raise InputError(msg)
+    return array.reshape(-1, size)
+
+
+def _group_range(groups: NDArray[np.float64]) -> NDArray[np.float64]:
+    """``max - min`` per group; it can overflow to +inf only for a huge range, which is not flat anyway."""
+    with np.errstate(over="ignore"):
+        return np.asarray(groups.max(axis=1) - groups.min(axis=1), dtype=np.float64)
+
+
+def group_reward_std(rewards: object, group_size: int, *, ddof: int = 1) -> NDArray[np.float64]:
+    r"""Standard deviation of the rewards within each prompt's group of rollouts.
+
+    In GRPO the advantage of a rollout is its reward minus its group's mean (divided by the group's std),
+    so a group with no spread contributes no gradient. RAGEN observed that the in-group reward std drops
+    sharply well before the mean reward collapses; track its batch mean (or a low quantile) per step. RAGEN's
+    mitigation keeps only the top 25 % of groups ranked by this std for the update; these values are the
+    ranking key such a filter needs.
+
+    .. math::
+
+        s_g = \sqrt{\frac{1}{n - \mathrm{ddof}} \sum_{i=1}^{n} \left(r_{g,i} - \bar r_g\right)^2},
+        \qquad n = \texttt{group\_size}
+
+    ``ddof=1`` (Bessel's correction, the default) is the per-group std TRL's GRPO divides advantages by
+    (``scale_rewards="group"``) and tests for ``frac_reward_zero_std``. TRL's logged ``reward_std`` is a
+    different number: the std over the whole batch, not per group. A group whose rewards are all identical
+    gets exactly ``0.0`` (not the ~1e-17 residue a rounded float mean can leave).
+
+    Args:
+        rewards: Rewards, shape ``[B]`` with ``B = G * group_size``, group-contiguous (entries
+            ``g * group_size .. (g + 1) * group_size - 1`` are prompt ``g``'s rollouts), finite,
+            ``B <= MAX_TRAJECTORIES`` (100,000).
+        group_size: Rollouts per prompt (TRL's ``num_generations``), integer ``>= 2``.
+        ddof: Delta degrees of freedom, ``0`` (population std) or ``1`` (sample std, default).
+
+    Returns:
+        float64 array of shape ``[G]``, one std per prompt, in the order the groups appear.
+
+    Raises:
+        LoopguardTypeError: booleans or non-numbers, or a non-integer ``group_size`` / ``ddof``.
+        ConfigError: ``group_size`` below 2, or ``ddof`` not 0 or 1.
+        InputError: ``rewards`` empty, not 1-D, over the cap, NaN/Inf, or its length not a multiple of
+            ``group_size``; or a std that overflows float64.
+
+    Example:
+        >>> group_reward_std([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0], group_size=4)
+        array([0.57735027, 0.        ])
+        >>> group_reward_std([1.0, 0.0, 1.0, 0.0], group_size=4, ddof=0)
+        array([0.5])
+
+    References:
+        Wang, Z., Wang, K., Wang, Q., et al. (2025). RAGEN: Understanding Self-Evolution in LLM Agents via
+        Multi-Turn Reinforcement Learning. arXiv:2504.20073.
+    """
+    correction = check_int("ddof", ddof, lo=0, hi=1)
+    groups = _as_groups(rewards, group_size)
+    scale = float(np.max(np.abs(groups))) if groups.size else 0.0
+    if scale == 0.0:
+        return np.zeros(len(groups), dtype=np.float64)
+    spread = _group_range(groups)
+    std = np.std(groups / scale, axis=1, ddof=correction) * scale  # scaled: squares cannot overflow
+    std[spread == 0.0] = 0.0
+    if not np.isfinite(std).all():
+        msg = f"`rewards` must have per-group stds representable in float64 (rescale), got max {std.max()}."
+        raise InputError(msg)
+    return np.asarray(std, dtype=np.float64)
+
+
+def zero_std_group_fraction(rewards: object, group_size: int, *, atol: float = 1e-8) -> float:
+    r"""Fraction of prompt groups whose rollouts all received the same reward (within ``atol``).
+
+    Such a group has zero advantage under GRPO/RLOO: it spends generation compute and teaches nothing. A
+    rising fraction is the batch-level face of RAGEN's early warning (in-group reward std collapsing). It
+    also rises, harmlessly, when prompts become too easy (all rollouts correct) or too hard (all wrong):
+    read it together with the mean reward.
+
+    .. math::
+
+        \mathrm{frac} = \frac{1}{G} \sum_{g=1}^{G}
+            \mathbf{1}\left[\max_i r_{g,i} - \min_i r_{g,i} \le \mathrm{atol}\right]
+
+    Relation to TRL's ``frac_reward_zero_std``: TRL tests ``isclose(std_g, 0)``, i.e. the Bessel-corrected
+    group std ``<= 1e-8`` (with ``scale_rewards="group"`` or ``"none"`` and the default
+    ``multi_objective_aggregation``; other settings test the batch-wide std). This kernel tests the range
+    instead: it is exactly 0 for identical rewards whatever their magnitude, whereas a std computed from a
+    rounded mean (in float32 on GPU, say) can leave a residue near the tolerance. With the same tolerance
+    the two agree whenever a group's rewards are identical (the common case with discrete rewards); they can
+    differ only for a group whose range lies in ``(atol, atol * sqrt(2 * (group_size - 1))]``, since
+    ``range / sqrt(2 (n - 1)) <= std <= range * sqrt(n / (n - 1)) / 2 <= range / sqrt(2)``.
+
+    Args:
+        rewards: Rewards, shape ``[B]`` with ``B = G * group_size``, group-contiguous, finite,
+            ``B <= MAX_TRAJECTORIES`` (100,000).
+        group_size: Rollouts per prompt (TRL's ``num_generations``), integer ``>= 2``.
+        atol: Absolute tolerance on a group's reward range, finite, ``>= 0``. Default ``1e-8``, TRL's
+            tolerance; use 0 for exact equality.
+
+    Returns:
+        A fraction in ``[0, 1]``.
+
+    Raises:
+        LoopguardTypeError: booleans or non-numbers, or a non-integer ``group_size``.
+        ConfigError: ``group_size`` below 2, or ``atol`` negative or not finite.
+        InputError: ``rewards`` empty, not 1-D, over the cap, NaN/Inf, or its length not a multiple of
+            ``group_size``.
+
+    Example:
+        >>> zero_std_group_fraction([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5], group_size=2)
+        0.75
+
+    References:
+        Wang, Z., Wang, K., Wang, Q., et al. (2025). RAGEN: Understanding Self-Evolution in LLM Agents via
+        Multi-Turn Reinforcement Learning. arXiv:2504.20073.
+    """
+    tolerance = check_real("atol", atol, lo=0.0)
+    groups = _as_groups(rewards, group_size)
+    return float(np.mean(_group_range(groups) <= tolerance))
+
+
+def entropy_trend(mean_entropies: object, *, method: TrendMethod = "ols") -> float:
+    r"""Slope per step of the mean token entropy of the policy's completions.
+
+    A falling entropy (negative slope) is an early collapse warning: the policy is becoming certain of a
+    narrow set of continuations, which RAGEN reports alongside the drop of in-group reward std before the
+    reward collapses. Some decline is normal as a policy learns a task; judge the slope against a healthy
+    warm-up, not against zero. ``"theil_sen"`` ignores a few spiky steps.
+
+    .. math::
+
+        \hat\beta_{\mathrm{OLS}} = \frac{\sum_t (t - \bar t)(H_t - \bar H)}{\sum_t (t - \bar t)^2},
+        \qquad
+        \hat\beta_{\mathrm{TS}} = \operatorname{median}_{i < j} \frac{H_j - H_i}{j - i}
+
+    with :math:`t = 0, \dots, n - 1` the position in the series (pass equally spaced steps, e.g. TRL's
+    logged ``entropy`` at every step). A constant series gives ``0.0``.
+
+    Args:
+        mean_entropies: Mean per-token entropy (nats or bits, consistently) per step, 1-D, finite,
+            ``>= 0``, at least 2 points; at most ``MAX_SERIES_LENGTH`` (10,000,000) points for ``"ols"`` and
+            4,096 for ``"theil_sen"``.
+        method: ``"ols"`` (default) or ``"theil_sen"``.
+
+    Returns:
+        Entropy units per step.
+
+    Raises:
+        LoopguardTypeError: non-numbers or booleans, or a non-string ``method``.
+        ConfigError: ``method`` is not one of the allowed names.
+        InputError: not 1-D, fewer than 2 points, over the cap, NaN/Inf or negative values.
+
+    Example:
+        >>> entropy_trend([1.2, 1.1, 0.9, 0.6])
+        -0.2
+
+    References:
+        Wang, Z., Wang, K., Wang, Q., et al. (2025). RAGEN: Understanding Self-Evolution in LLM Agents via
+        Multi-Turn Reinforcement Learning. arXiv:2504.20073.
+    """
+    return series_slope(mean_entropies, method=method, name="mean_entropies", nonnegative=True)
