@@ -106,15 +106,22 @@ def describe(value: object) -> str:
     return text
 
 
+def _bound(value: float) -> str:
+    """Print a bound as written: integers in full (``1000000``, not ``1e+06``), other values with ``:g``."""
+    if float(value).is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return f"{value:g}"
+
+
 def _interval(lo: float | None, hi: float | None, lo_inclusive: bool, hi_inclusive: bool) -> str:
     if lo is not None and hi is not None:
         left = "[" if lo_inclusive else "("
         right = "]" if hi_inclusive else ")"
-        return f"in {left}{lo:g}, {hi:g}{right}"
+        return f"in {left}{_bound(lo)}, {_bound(hi)}{right}"
     if lo is not None:
-        return f"{'>=' if lo_inclusive else '>'} {lo:g}"
+        return f"{'>=' if lo_inclusive else '>'} {_bound(lo)}"
     if hi is not None:
-        return f"{'<=' if hi_inclusive else '<'} {hi:g}"
+        return f"{'<=' if hi_inclusive else '<'} {_bound(hi)}"
     return "finite"
 
 

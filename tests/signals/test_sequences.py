@@ -10,7 +10,7 @@ from loopguard.signals import TokenBatch, as_token_batch
 
 
 def _rows(batch: TokenBatch) -> list[list[int]]:
-    return [batch.tokens[a:b].tolist() for a, b in zip(batch.offsets[:-1], batch.offsets[1:])]
+    return [batch.tokens[a:b].tolist() for a, b in zip(batch.offsets[:-1], batch.offsets[1:], strict=True)]
 
 
 def test_list_of_id_lists_round_trips():
