@@ -574,7 +574,7 @@ class Cusum:
             (False, 1.5)
         """
         if not isinstance(state, CusumState):  # callers without a type checker
-            msg = f"`state` must be a CusumState, got {describe(state)} of type {type(state).__name__}."  # type: ignore[unreachable]
+            msg = f"`state` must be a CusumState, got {describe(state)} of type {type(state).__name__}."
             raise LoopguardTypeError(msg)
         for side, statistic in (("upper", state.upper), ("lower", state.lower)):
             if statistic > self.h:

@@ -1,0 +1,326 @@
+"""The escalation ladder: raise beta, then roll back to the last good checkpoint, then stop.
+
+Raising the KL coefficient is the first and cheapest response to reward hacking; when it has not helped
+after a while, the ladder asks for a rollback to the last good checkpoint (a bounded number of times, with a
+cooldown so the restored policy gets a fair chance), and when rollbacks are used up or impossible and the hack
+persists, it asks to stop the run. It takes one bool per step ("is this step hacking?"), so it works with
+every controller.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import attrs
+
+from loopguard._validation import check_bool, integer
+from loopguard.control._common import FieldSpec, check_state, decode_state, encode_state
+from loopguard.exceptions import ConfigError
+
+__all__ = ["EscalationLadder", "LadderAction", "LadderOutput", "LadderState"]
+
+LadderAction = Literal["none", "raise_beta", "rollback", "stop"]
+
+RUNG_NONE, RUNG_RAISE, RUNG_ROLLBACK, RUNG_STOP = 0, 1, 2, 3
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+@attrs.frozen
+class LadderOutput:
+    """What the escalation ladder asks for in one step, and why.
+
+    Attributes:
+        action: ``"none"`` (healthy step), ``"raise_beta"`` (hacking: the KL controller raises beta),
+            ``"rollback"`` (restore the last good checkpoint) or ``"stop"`` (end the run; terminal).
+        rung: The rung this step stands on: 0 none, 1 raise beta, 2 rollback (also every step of the cooldown
+            after a rollback, so the rung never drops during a cooldown), 3 stop.
+        in_cooldown: True on a rollback step (when ``cooldown_steps > 0``) and on the ``cooldown_steps`` steps
+            after it; the Guard then passes ``allow_lower=False`` to the KL controller.
+        components: The counters behind the decision (all ``float``), for logging.
+        reason: A plain-English sentence with the numbers.
+    """
+
+    action: LadderAction
+    rung: int
+    in_cooldown: bool
+    components: dict[str, float]
+    reason: str
+
+
+@attrs.frozen
+class LadderState:
+    """Memory of an :class:`EscalationLadder` between steps (a frozen value).
+
+    Attributes:
+        step: Number of updates so far.
+        consecutive_hacking: Hacking steps in a row; reset by a healthy step and by a rollback.
+        consecutive_healthy: Healthy steps in a row; reset by a hacking step.
+        total_hacking_steps: All hacking steps so far (never reset).
+        total_rollbacks: All rollbacks so far (never reset).
+        cooldown_left: Steps of cooldown still to come after the current one (0 when none).
+        last_rollback_step: The step number (1-based) of the last rollback, or None.
+        stop_step: The step at which the ladder said stop, or None; once set, every update says stop.
+    """
+
+    step: int = attrs.field(validator=integer(lo=0))
+    consecutive_hacking: int = attrs.field(validator=integer(lo=0))
+    consecutive_healthy: int = attrs.field(validator=integer(lo=0))
+    total_hacking_steps: int = attrs.field(validator=integer(lo=0))
+    total_rollbacks: int = attrs.field(validator=integer(lo=0))
+    cooldown_left: int = attrs.field(validator=integer(lo=0))
+    last_rollback_step: int | None = attrs.field(validator=integer(lo=1, optional=True))
+    stop_step: int | None = attrs.field(validator=integer(lo=1, optional=True))
+
+    def __attrs_post_init__(self) -> None:
+        """Check counter invariants that every reachable state satisfies."""
+        if self.consecutive_hacking and self.consecutive_healthy:
+            msg = (
+                "`consecutive_hacking` and `consecutive_healthy` cannot both be > 0, "
+                f"got {self.consecutive_hacking} and {self.consecutive_healthy}."
+            )
+            raise ConfigError(msg)
+        if not self.consecutive_hacking <= self.total_hacking_steps <= self.step:
+            msg = (
+                "`total_hacking_steps` must be in [consecutive_hacking, step] = "
+                f"[{self.consecutive_hacking}, {self.step}], got {self.total_hacking_steps}."
+            )
+            raise ConfigError(msg)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the ladder has said stop (terminal)."""
+        return self.stop_step is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the state as plain JSON types.
+
+        Example:
+            >>> EscalationLadder().init().to_dict()["total_rollbacks"]
+            0
+        """
+        return encode_state("LadderState", attrs.asdict(self, recurse=False))
+
+    @classmethod
+    def from_dict(cls, payload: object) -> LadderState:
+        """Rebuild a state from :meth:`to_dict` output, validating every key, type and invariant.
+
+        Raises:
+            LoopguardTypeError: ``payload`` is not a dict, or a value has the wrong type.
+            ConfigError: wrong ``kind``/``version``, missing or extra keys, or a value out of range.
+        """
+        return cls(**decode_state(payload, "LadderState", _STATE_SPECS))
+
+
+_STATE_SPECS = {
+    "step": FieldSpec("int", lo=0),
+    "consecutive_hacking": FieldSpec("int", lo=0),
+    "consecutive_healthy": FieldSpec("int", lo=0),
+    "total_hacking_steps": FieldSpec("int", lo=0),
+    "total_rollbacks": FieldSpec("int", lo=0),
+    "cooldown_left": FieldSpec("int", lo=0),
+    "last_rollback_step": FieldSpec("int_or_none", lo=1),
+    "stop_step": FieldSpec("int_or_none", lo=1),
+}
+
+
+@attrs.frozen
+class EscalationLadder:
+    r"""Escalate from raising beta to rolling back to stopping, with patience per rung and a cooldown.
+
+    Each step gets one bool, ``hacking`` (the Guard's verdict), and ``can_rollback`` (whether a good
+    checkpoint exists). With :math:`c_t` the consecutive hacking steps (reset by a healthy step and by a
+    rollback):
+
+    * healthy step: action ``"none"``;
+    * hacking step: ``"raise_beta"`` (the KL controller does the raising), unless
+
+      * ``"rollback"`` when :math:`c_t \ge` ``rollback_patience``, fewer than ``max_rollbacks`` rollbacks were
+        made, ``can_rollback`` is True and the ladder is not in a cooldown. A rollback resets :math:`c_t` to 0
+        and starts a cooldown of ``cooldown_steps`` steps, during which there is no other rollback and
+        ``in_cooldown`` is True (the Guard must not lower beta);
+      * ``"stop"`` when no rollback is available (``max_rollbacks`` used, or ``can_rollback`` False) and
+        :math:`c_t \ge` ``stop_patience``. Stop is terminal: every later update returns ``"stop"``.
+
+    So with ``can_rollback`` True the ladder never stops before all ``max_rollbacks`` rollbacks were tried,
+    and a stop needs ``stop_patience`` consecutive hacking steps after the last rollback. A stop may come
+    during a cooldown (the cooldown forbids de-escalating and rolling back, not escalating further). A healthy
+    step never raises anything; ``consecutive_*`` counters reset, ``total_*`` counters never do.
+
+    Args:
+        rollback_patience: Consecutive hacking steps before a rollback, >= 1. Default 10: bang-bang at gain
+            1.5 takes 8 raises to go from a typical beta of 0.04 to the 1.0 ceiling, so 10 hacking steps in a
+            row mean raising beta has had its chance.
+        stop_patience: Consecutive hacking steps, with no rollback available, before stopping, >= 1.
+            Default 10.
+        max_rollbacks: Rollbacks allowed in the run, >= 0. Default 2.
+        cooldown_steps: Steps after a rollback with no further rollback and no lowering of beta, >= 0.
+            Default 20 (twice the rollback patience: the restored policy gets time to settle under the raised
+            beta before it can be judged again).
+
+    Raises:
+        LoopguardTypeError: a bool or non-integer where an integer is expected.
+        ConfigError: a value out of range.
+
+    Example:
+        >>> ladder = EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=1)
+        >>> state = ladder.init()
+        >>> for hacking in [True, True, True, True, True]:
+        ...     out, state = ladder.update(state, hacking=hacking)
+        ...     print(out.action, out.rung, out.in_cooldown)
+        raise_beta 1 False
+        rollback 2 True
+        raise_beta 2 True
+        stop 3 False
+        stop 3 False
+        >>> print(out.reason)  # doctest: +ELLIPSIS
+        training was stopped at step 4; the ladder is terminal ...
+
+    References:
+        Stooke, A., Achiam, J. and Abbeel, P. (2020). Responsive Safety in Reinforcement Learning by PID
+        Lagrangian Methods. arXiv:2007.03964 (the KL multiplier as the first, continuous response).
+    """
+
+    rollback_patience: int = attrs.field(default=10, validator=integer(lo=1))
+    stop_patience: int = attrs.field(default=10, validator=integer(lo=1))
+    max_rollbacks: int = attrs.field(default=2, validator=integer(lo=0))
+    cooldown_steps: int = attrs.field(default=20, validator=integer(lo=0))
+
+    def init(self) -> LadderState:
+        """Start on the bottom rung with every counter at 0."""
+        return LadderState(
+            step=0,
+            consecutive_hacking=0,
+            consecutive_healthy=0,
+            total_hacking_steps=0,
+            total_rollbacks=0,
+            cooldown_left=0,
+            last_rollback_step=None,
+            stop_step=None,
+        )
+
+    def _components(self, state: LadderState, hacking: bool, can_rollback: bool) -> dict[str, float]:
+        return {
+            "hacking": float(hacking),
+            "can_rollback": float(can_rollback),
+            "consecutive_hacking": float(state.consecutive_hacking),
+            "consecutive_healthy": float(state.consecutive_healthy),
+            "total_hacking_steps": float(state.total_hacking_steps),
+            "total_rollbacks": float(state.total_rollbacks),
+            "cooldown_left": float(state.cooldown_left),
+            "rollback_patience": float(self.rollback_patience),
+            "stop_patience": float(self.stop_patience),
+            "max_rollbacks": float(self.max_rollbacks),
+        }
+
+    def _no_rollback_why(self, total_rollbacks: int) -> str:
+        if self.max_rollbacks == 0:
+            return "rollbacks are disabled (max_rollbacks=0)"
+        if total_rollbacks >= self.max_rollbacks:
+            return f"the rollback budget is used up ({total_rollbacks} of {self.max_rollbacks})"
+        made = f"{total_rollbacks} of {self.max_rollbacks} rollbacks made"
+        return f"there is no good checkpoint to roll back to ({made})"
+
+    def update(
+        self, state: LadderState, *, hacking: bool, can_rollback: bool = True
+    ) -> tuple[LadderOutput, LadderState]:
+        """Advance one step.
+
+        Args:
+            state: The state from :meth:`init` or the previous :meth:`update`.
+            hacking: Whether this step is judged hacking (e.g. the Guard's verdict is HACK).
+            can_rollback: Whether a good checkpoint exists to roll back to now.
+
+        Returns:
+            ``(output, new_state)``. ``output.components``: ``hacking``, ``can_rollback`` (1.0/0.0), the new
+            state's ``consecutive_hacking``, ``consecutive_healthy``, ``total_hacking_steps``,
+            ``total_rollbacks``, ``cooldown_left``, and the config's ``rollback_patience``,
+            ``stop_patience`` and ``max_rollbacks``.
+
+        Raises:
+            LoopguardTypeError: ``state`` is not a :class:`LadderState`, or ``hacking``/``can_rollback`` is
+                not a bool.
+        """
+        check_state(state, LadderState, "EscalationLadder")
+        hacking = check_bool("hacking", hacking)
+        can_rollback = check_bool("can_rollback", can_rollback)
+        step = state.step + 1
+
+        if state.stop_step is not None:
+            new_state = attrs.evolve(state, step=step)
+            reason = (
+                f"training was stopped at step {state.stop_step}; the ladder is terminal "
+                "(start a new ladder to resume mitigation)"
+            )
+            components = self._components(new_state, hacking, can_rollback)
+            return LadderOutput("stop", RUNG_STOP, False, components, reason), new_state
+
+        in_cooldown = state.cooldown_left > 0
+        cooldown_left = max(0, state.cooldown_left - 1)
+        total_rollbacks, last_rollback, stop_step = state.total_rollbacks, state.last_rollback_step, None
+        cooling = f"cooldown after rollback: {_steps(cooldown_left)} left, beta is not lowered"
+
+        if not hacking:
+            streak, healthy, total_hacking = 0, state.consecutive_healthy + 1, state.total_hacking_steps
+            action: LadderAction = "none"
+            rung = RUNG_ROLLBACK if in_cooldown else RUNG_NONE
+            reason = f"healthy for {_steps(healthy)} in a row: no action"
+            if in_cooldown:
+                reason += f"; {cooling}"
+        else:
+            streak, healthy, total_hacking = state.consecutive_hacking + 1, 0, state.total_hacking_steps + 1
+            rollback_open = total_rollbacks < self.max_rollbacks and can_rollback
+            if streak >= self.rollback_patience and rollback_open and not in_cooldown:
+                action, rung = "rollback", RUNG_ROLLBACK
+                total_rollbacks += 1
+                last_rollback = step
+                cooldown_left = self.cooldown_steps
+                in_cooldown = self.cooldown_steps > 0
+                reason = (
+                    "roll back to the last good checkpoint "
+                    f"(rollback {total_rollbacks} of {self.max_rollbacks}): hacking persisted for "
+                    f"{_steps(streak)} in a row while beta was raised; "
+                    f"cooldown of {_steps(self.cooldown_steps)} with no further rollback and no lowering of "
+                    "beta"
+                )
+                streak = 0
+            elif not rollback_open and streak >= self.stop_patience:
+                action, rung, stop_step = "stop", RUNG_STOP, step
+                reason = (
+                    f"stop training: hacking persisted for {_steps(streak)} in a row and "
+                    f"{self._no_rollback_why(total_rollbacks)}; {total_hacking} hacking steps in all. "
+                    "Raising beta did not stop it. To go on, try a "
+                    "higher beta_ceil or a stronger starting beta, a sturdier reward (an ensemble, a gold "
+                    "check, reward shaping), or a lower learning rate, then resume from the last good "
+                    "checkpoint."
+                )
+            else:
+                action = "raise_beta"
+                rung = RUNG_ROLLBACK if in_cooldown else RUNG_RAISE
+                reason = f"hacking for {_steps(streak)} in a row: raise beta"
+                if in_cooldown:
+                    reason += f"; {cooling}"
+                if rollback_open:
+                    more = f"rollback after {self.rollback_patience} in a row"
+                    reason += ", no rollback until it ends" if in_cooldown else f"; {more}"
+                else:
+                    why = self._no_rollback_why(total_rollbacks)
+                    reason += f"; {why}, stop after {self.stop_patience} in a row"
+
+        new_state = LadderState(
+            step=step,
+            consecutive_hacking=streak,
+            consecutive_healthy=healthy,
+            total_hacking_steps=total_hacking,
+            total_rollbacks=total_rollbacks,
+            cooldown_left=cooldown_left,
+            last_rollback_step=last_rollback,
+            stop_step=stop_step,
+        )
+        if action == "stop":
+            in_cooldown = False
+        components = self._components(new_state, hacking, can_rollback)
+        output = LadderOutput(action, rung, in_cooldown, components, reason)
+        return output, new_state

@@ -1,0 +1,411 @@
+import json
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from loopguard import ConfigError, InputError, LoopguardTypeError
+from loopguard.control import BangBang, BangBangState, ControlOutput, PIDLagrangian
+
+# --------------------------------------------------------------------------------------------------
+# an independent, naive reference
+
+
+def reference_betas(
+    votes, base, *, trip=0.3, release=0.1, dwell=2, patience=3, gain=1.5, ceil=1.0, allow=None
+):
+    """Bang-bang written from the spec as plainly as possible."""
+    beta, tripped, high_run, low_run, out = base, False, 0, 0, []
+    for k, vote in enumerate(votes):
+        allow_lower = True if allow is None else allow[k]
+        high_run = high_run + 1 if vote >= trip else 0
+        low_run = low_run + 1 if vote <= release else 0
+        if vote >= trip and (tripped or high_run >= dwell):
+            tripped = True
+            beta = min(ceil, beta * gain)
+        elif vote <= release and tripped and low_run >= patience and allow_lower:
+            beta = beta / gain
+            if beta <= base * (1 + 1e-9):
+                beta, tripped = base, False
+        out.append(beta)
+    return out
+
+
+def run(controller, votes, base, allow=None):
+    state = controller.init(base)
+    outputs, states = [], []
+    for k, vote in enumerate(votes):
+        output, state = controller.update(state, vote, allow_lower=True if allow is None else allow[k])
+        outputs.append(output)
+        states.append(state)
+    return outputs, states
+
+
+# The worked example of docs/controllers.md: (vote, beta after, direction), base beta 0.01, default config.
+WORKED = [
+    (0.05, 0.01, "hold"),
+    (0.35, 0.01, "hold"),  # 1 of 2 dwell steps
+    (0.20, 0.01, "hold"),  # inside the band: the high streak is broken
+    (0.40, 0.01, "hold"),  # 1 of 2 again
+    (0.45, 0.015, "raise"),  # tripped
+    (0.50, 0.0225, "raise"),
+    (0.25, 0.0225, "hold"),  # inside the band: hold
+    (0.08, 0.0225, "hold"),  # 1 of 3 patience
+    (0.06, 0.0225, "hold"),  # 2 of 3
+    (0.09, 0.015, "lower"),
+    (0.15, 0.015, "hold"),  # inside the band: relaxing pauses, the low streak is broken
+    (0.03, 0.015, "hold"),
+    (0.02, 0.015, "hold"),
+    (0.01, 0.01, "lower"),  # back at the user's beta: released
+    (0.02, 0.01, "hold"),
+]
+
+
+def test_worked_example_hand_computed():
+    votes = [vote for vote, _, _ in WORKED]
+    outputs, states = run(BangBang(), votes, 0.01)
+    assert [o.beta for o in outputs] == pytest.approx([beta for _, beta, _ in WORKED], rel=1e-12)
+    assert [o.direction for o in outputs] == [direction for _, _, direction in WORKED]
+    assert [s.tripped for s in states] == [False] * 4 + [True] * 9 + [False] * 2
+    assert outputs[-2].beta == 0.01  # exactly the user's beta, not a float hair above or below
+    assert outputs[-1].components["tripped"] == 0.0
+    assert [s.step for s in states] == list(range(1, 16))
+
+
+def test_reasons_carry_the_numbers():
+    outputs, _ = run(BangBang(), [x for x, _, _ in WORKED], 0.01)
+    assert outputs[1].reason == "held beta 0.01: vote 0.35 >= trip 0.3 for 1 of 2 steps needed to trip"
+    assert outputs[2].reason == "held beta 0.01: vote 0.20 inside the hysteresis band (0.1, 0.3)"
+    assert outputs[4].reason == "raised beta 0.01 -> 0.015: vote 0.45 >= trip 0.3 for 2 steps"
+    assert outputs[7].reason == "held beta 0.0225: vote 0.08 <= release 0.1 for 1 of 3 steps needed to relax"
+    assert outputs[9].reason == "lowered beta 0.0225 -> 0.015: vote 0.09 <= release 0.1 for 3 steps"
+    assert outputs[13].reason == (
+        "lowered beta 0.015 -> 0.01: vote 0.01 <= release 0.1 for 3 steps; back at the starting beta, released"
+    )
+    assert outputs[14].reason == "held beta 0.01 (the starting beta): vote 0.02 <= release 0.1"
+
+
+def test_components_explain_the_step():
+    outputs, _ = run(BangBang(), [0.5, 0.71], 0.01)
+    assert isinstance(outputs[1], ControlOutput)
+    assert outputs[1].components == {
+        "vote": 0.71,
+        "trip_band": 0.3,
+        "release_band": 0.1,
+        "steps_above": 2.0,
+        "steps_below": 0.0,
+        "gain": 1.5,
+        "base_beta": 0.01,
+        "tripped": 1.0,
+        "lower_blocked": 0.0,
+    }
+
+
+def test_raise_stops_at_the_ceiling_and_says_so():
+    ctl = BangBang(beta_ceil=0.02)
+    outputs, _ = run(ctl, [0.9, 0.9, 0.9, 0.9], 0.01)
+    assert [o.beta for o in outputs] == pytest.approx([0.01, 0.015, 0.02, 0.02])
+    assert outputs[2].reason.endswith("(now at the ceiling)")
+    assert outputs[3].direction == "hold"
+    assert outputs[3].reason == "held beta at the ceiling 0.02: vote 0.90 >= trip 0.3 for 4 steps"
+
+
+def test_release_returns_to_the_users_beta_not_a_floor_below_it():
+    # The predecessor relaxed to a floor (0.02) under the user's beta; after one trip and release the run was
+    # regularised less than configured. Here beta comes back to exactly the base beta and stays.
+    ctl = BangBang(beta_floor=0.001)
+    votes = [0.9] * 6 + [0.0] * 40
+    outputs, states = run(ctl, votes, 0.05)
+    assert max(o.beta for o in outputs) > 0.05
+    assert outputs[-1].beta == 0.05
+    assert min(o.beta for o in outputs) == 0.05
+    assert not states[-1].tripped
+
+
+def test_allow_lower_false_holds_and_counters_still_advance():
+    ctl = BangBang()
+    votes = [0.9, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0]
+    allow = [True, True, False, False, False, False, True]
+    outputs, states = run(ctl, votes, 0.01, allow)
+    assert [o.beta for o in outputs] == pytest.approx([0.01, 0.015, 0.015, 0.015, 0.015, 0.015, 0.01])
+    assert outputs[4].components["lower_blocked"] == 1.0
+    assert outputs[4].reason == (
+        "held beta 0.015: vote 0.00 <= release 0.1 for 3 steps, but lowering is not allowed now "
+        "(cooldown after a rollback)"
+    )
+    assert states[5].steps_below == 4
+    assert outputs[6].direction == "lower"  # relaxes at once when allowed again
+
+
+# --------------------------------------------------------------------------------------------------
+# properties
+
+votes_st = st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 0.1, 0.3, 0.2, 1.0]))
+# Runs of one repeated vote, so that sequences reach trips, long raises and full releases, not only noise.
+vote_runs_st = st.lists(st.tuples(votes_st, st.integers(1, 8)), max_size=12).map(
+    lambda runs: [vote for vote, repeat in runs for _ in range(repeat)]
+)
+
+
+@st.composite
+def configs(draw):
+    trip = draw(st.floats(0.05, 1.0))
+    release = draw(st.floats(0.0, trip * 0.95))
+    floor = draw(st.floats(1e-6, 0.1))
+    ceil = draw(st.floats(floor * 1.01, 2.0))
+    base = draw(st.floats(floor, ceil))
+    ctl = BangBang(
+        trip_band=trip,
+        release_band=release,
+        dwell_steps=draw(st.integers(1, 4)),
+        release_patience=draw(st.integers(1, 4)),
+        gain=draw(st.floats(1.01, 5.0)),
+        beta_floor=floor,
+        beta_ceil=ceil,
+    )
+    return ctl, base
+
+
+@settings(max_examples=50, deadline=None)
+@given(configs(), vote_runs_st, st.lists(st.booleans(), min_size=100, max_size=100))
+def test_beta_stays_in_base_ceil_and_matches_reference(config, votes, allow_flags):
+    ctl, base = config
+    allow = allow_flags[: len(votes)]
+    outputs, states = run(ctl, votes, base, allow)
+    expected = reference_betas(
+        votes,
+        base,
+        trip=ctl.trip_band,
+        release=ctl.release_band,
+        dwell=ctl.dwell_steps,
+        patience=ctl.release_patience,
+        gain=ctl.gain,
+        ceil=ctl.beta_ceil,
+        allow=allow,
+    )
+    assert [o.beta for o in outputs] == pytest.approx(expected, rel=1e-9)
+    previous = base
+    for output, state, allowed in zip(outputs, states, allow, strict=True):
+        assert 0 < ctl.beta_floor <= base <= output.beta <= ctl.beta_ceil
+        assert state.beta == output.beta
+        assert state.tripped or output.beta == base
+        assert output.direction == (
+            "raise" if output.beta > previous else "lower" if output.beta < previous else "hold"
+        )
+        if not allowed:
+            assert output.direction != "lower"
+        previous = output.beta
+
+
+@settings(max_examples=50, deadline=None)
+@given(configs(), vote_runs_st, st.lists(st.floats(0.0, 1.0), min_size=1, max_size=30))
+def test_no_change_while_votes_stay_strictly_inside_the_band(config, prefix, raw_band_votes):
+    # After ANY prefix of votes, a run of votes strictly inside (release_band, trip_band) leaves beta and the
+    # tripped flag exactly as they were, and every step of the run reports "hold".
+    ctl, base = config
+    lo, hi = ctl.release_band, ctl.trip_band
+    band_votes = [lo + (hi - lo) * (0.001 + 0.998 * u) for u in raw_band_votes]
+    assert all(lo < v < hi for v in band_votes)
+    state = ctl.init(base)
+    for vote in prefix:
+        _, state = ctl.update(state, vote)
+    beta, tripped = state.beta, state.tripped
+    for vote in band_votes:
+        output, state = ctl.update(state, vote)
+        assert output.direction == "hold"
+        assert output.beta == beta
+        assert state.tripped == tripped
+
+
+@settings(max_examples=50, deadline=None)
+@given(configs(), vote_runs_st, vote_runs_st)
+def test_json_round_trip_mid_sequence_gives_identical_future(config, before, after):
+    ctl, base = config
+    state = ctl.init(base)
+    for vote in before:
+        _, state = ctl.update(state, vote)
+    restored = BangBangState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert restored == state
+    for vote in after:
+        out_a, state = ctl.update(state, vote)
+        out_b, restored = ctl.update(restored, vote)
+        assert out_a == out_b
+        assert state == restored
+
+
+# --------------------------------------------------------------------------------------------------
+# simulated plant
+
+
+@pytest.mark.parametrize("base_beta", [0.001, 0.04, 0.3])
+def test_plant_with_persistent_hack_pressure_keeps_excursions_short_and_small(plant, base_beta):
+    # With pressure that grows whenever beta is back at the user's value, a controller that returns to the
+    # user's beta (by design) cannot hold the score under the trip band for good: it limit-cycles. What it
+    # must do is cut every excursion short: never above trip + 0.1, never more than dwell + 3 steps above
+    # trip, and above trip on at most a fifth of the steps.
+    for seed in range(3):
+        scores, betas = plant(BangBang(), base_beta, seed=seed)
+        first = int(np.argmax(scores >= 0.3))
+        assert first > 0
+        after = scores[first:]
+        assert after.max() < 0.4
+        longest = run_length = 0
+        for high in after >= 0.3:
+            run_length = run_length + 1 if high else 0
+            longest = max(longest, run_length)
+        assert longest <= 2 + 3
+        assert np.mean(scores[-200:] >= 0.3) < 0.2
+        assert betas.min() == base_beta
+        assert betas.max() <= 1.0
+
+
+@pytest.mark.parametrize("base_beta", [0.001, 0.04, 0.3])
+def test_plant_hack_episode_is_brought_under_the_band_and_beta_returns_to_base(plant, base_beta):
+    for seed in range(3):
+        scores, betas = plant(BangBang(), base_beta, seed=seed, drift_until=200)
+        assert scores[:200].max() >= 0.3  # the hack did trip the controller
+        assert betas[:200].max() > base_beta
+        assert scores[-150:].max() < 0.3
+        assert betas[-1] == base_beta
+        assert betas.min() == base_beta
+
+
+# --------------------------------------------------------------------------------------------------
+# bad input
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"trip_band": True}, LoopguardTypeError, "`trip_band` must be a real number (not bool), got True."),
+        ({"trip_band": float("nan")}, ConfigError, "`trip_band` must be finite, got nan."),
+        ({"trip_band": 0.0}, ConfigError, "`trip_band` must be in (0, 1], got 0.0."),
+        ({"release_band": 0.3}, ConfigError, "`release_band` must be < trip_band (0.3), got 0.3."),
+        ({"release_band": -0.1}, ConfigError, "`release_band` must be in [0, 1], got -0.1."),
+        ({"dwell_steps": 0}, ConfigError, "`dwell_steps` must be >= 1, got 0."),
+        (
+            {"dwell_steps": 2.0},
+            LoopguardTypeError,
+            "`dwell_steps` must be an integer, got 2.0 of type float.",
+        ),
+        ({"release_patience": 0}, ConfigError, "`release_patience` must be >= 1, got 0."),
+        ({"gain": 1.0}, ConfigError, "`gain` must be > 1, got 1.0."),
+        ({"gain": "2"}, LoopguardTypeError, "`gain` must be a real number, got '2' of type str."),
+        ({"beta_floor": 0.0}, ConfigError, "`beta_floor` must be > 0, got 0.0."),
+        ({"beta_floor": 1.0}, ConfigError, "`beta_ceil` must be > beta_floor (1), got 1.0."),
+        ({"beta_ceil": float("inf")}, ConfigError, "`beta_ceil` must be finite, got inf."),
+    ],
+)
+def test_bad_config(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        BangBang(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("base", "error", "message"),
+    [
+        (2.0, ConfigError, "`base_beta` must be in [beta_floor, beta_ceil] = [1e-06, 1], got 2.0."),
+        (1e-7, ConfigError, "`base_beta` must be in [beta_floor, beta_ceil] = [1e-06, 1], got 1e-07."),
+        (0.0, ConfigError, "`base_beta` must be > 0, got 0.0."),
+        (float("nan"), ConfigError, "`base_beta` must be finite, got nan."),
+        (True, LoopguardTypeError, "`base_beta` must be a real number (not bool), got True."),
+        (None, LoopguardTypeError, "`base_beta` must be a real number, got None of type NoneType."),
+    ],
+)
+def test_bad_base_beta(base, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        BangBang().init(base)
+
+
+@pytest.mark.parametrize(
+    ("vote", "allow_lower", "error", "message"),
+    [
+        (1.5, True, InputError, "`vote` must be in [0, 1], got 1.5."),
+        (-0.01, True, InputError, "`vote` must be in [0, 1], got -0.01."),
+        (float("nan"), True, InputError, "`vote` must be finite, got nan."),
+        (True, True, LoopguardTypeError, "`vote` must be a real number (not bool), got True."),
+        ("0.5", True, LoopguardTypeError, "`vote` must be a real number, got '0.5' of type str."),
+        (0.5, 1, LoopguardTypeError, "`allow_lower` must be a bool, got 1 of type int."),
+    ],
+)
+def test_bad_update_arguments(vote, allow_lower, error, message):
+    ctl = BangBang()
+    with pytest.raises(error, match=re.escape(message)):
+        ctl.update(ctl.init(0.01), vote, allow_lower=allow_lower)
+
+
+def test_numpy_scalars_are_accepted():
+    ctl = BangBang()
+    output, _ = ctl.update(ctl.init(np.float32(0.01)), np.float64(0.5))
+    assert type(output.beta) is float
+
+
+def test_wrong_state_is_rejected():
+    ctl = BangBang()
+    with pytest.raises(
+        LoopguardTypeError, match=re.escape("`state` must be a BangBangState (from BangBang.init")
+    ):
+        ctl.update(PIDLagrangian().init(0.01), 0.5)
+    with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be a BangBangState")):
+        ctl.update(ctl.init(0.01).to_dict(), 0.5)
+    other = BangBang(beta_ceil=5.0).init(3.0)
+    with pytest.raises(
+        ConfigError, match=re.escape("`state.base_beta` must be in this controller's [beta_floor")
+    ):
+        ctl.update(other, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "error", "message"),
+    [
+        (lambda d: d.pop("beta"), ConfigError, "got missing ['beta'], unexpected []."),
+        (lambda d: d.update(extra=1), ConfigError, "got missing [], unexpected ['extra']."),
+        (lambda d: d.update(kind="LadderState"), ConfigError, "`state['kind']` must be 'BangBangState', got"),
+        (lambda d: d.update(version=2), ConfigError, "`state['version']` must be 1, got 2."),
+        (lambda d: d.update(beta="0.1"), LoopguardTypeError, "`state.beta` must be a real number, got '0.1'"),
+        (lambda d: d.update(beta=-1.0), ConfigError, "`state.beta` must be > 0, got -1.0."),
+        (
+            lambda d: d.update(tripped=1),
+            LoopguardTypeError,
+            "`state.tripped` must be a bool, got 1 of type int.",
+        ),
+        (lambda d: d.update(step=1.5), LoopguardTypeError, "`state.step` must be an integer, got 1.5"),
+        (lambda d: d.update(beta=0.001), ConfigError, "`beta` must be >= base_beta (0.01), got 0.001."),
+        (
+            lambda d: d.update(beta=0.02),
+            ConfigError,
+            "`beta` must be base_beta (0.01) when untripped, got 0.02.",
+        ),
+        (lambda d: d.update(steps_above=1, steps_below=1), ConfigError, "cannot both be > 0, got 1 and 1."),
+    ],
+)
+def test_from_dict_validates(mutate, error, message):
+    payload = BangBang().init(0.01).to_dict()
+    mutate(payload)
+    with pytest.raises(error, match=re.escape(message)):
+        BangBangState.from_dict(payload)
+
+
+def test_from_dict_rejects_non_dict():
+    with pytest.raises(
+        LoopguardTypeError, match=re.escape("`state` must be a dict (from BangBangState.to_dict())")
+    ):
+        BangBangState.from_dict([1, 2])
+
+
+def test_to_dict_is_plain_json():
+    _, states = run(BangBang(), [0.9, 0.9], 0.01)
+    payload = states[-1].to_dict()
+    assert payload == {
+        "kind": "BangBangState",
+        "version": 1,
+        "step": 2,
+        "base_beta": 0.01,
+        "beta": pytest.approx(0.015),
+        "tripped": True,
+        "steps_above": 2,
+        "steps_below": 0,
+    }
+    assert json.loads(json.dumps(payload)) == payload
