@@ -20,6 +20,17 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from loopguard import signals
+from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
+from loopguard.detectors import (
+    Collapse,
+    Diversity,
+    GoldAudit,
+    InfoRM,
+    Length,
+    Repetition,
+    RewardDrift,
+    RMEnsemble,
+)
 from loopguard.exceptions import (
     ConfigError,
     InputError,
@@ -27,6 +38,8 @@ from loopguard.exceptions import (
     LoopguardTypeError,
     MissingDependencyError,
 )
+from loopguard.guard import Decision, Guard, Observation
+from loopguard.shaping import shape_reward
 
 try:
     __version__ = version("loopguard")
@@ -34,11 +47,27 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "AdaptiveKL",
+    "BangBang",
+    "Collapse",
     "ConfigError",
+    "Decision",
+    "Diversity",
+    "EscalationLadder",
+    "GoldAudit",
+    "Guard",
+    "InfoRM",
     "InputError",
+    "Length",
     "LoopguardError",
     "LoopguardTypeError",
     "MissingDependencyError",
+    "Observation",
+    "PIDLagrangian",
+    "RMEnsemble",
+    "Repetition",
+    "RewardDrift",
     "__version__",
+    "shape_reward",
     "signals",
 ]

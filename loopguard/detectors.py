@@ -1,0 +1,682 @@
+r"""Detectors: turn one :class:`~loopguard.guard.Observation` into a hack score in [0, 1].
+
+A detector is a small frozen config. Each step it *measures* one or more raw statistics with the pure kernels
+of :mod:`loopguard.signals` (repetition rate, distinct-n, ensemble variance, CSI, ...), and the Guard *scores*
+each statistic against a robust warm-up baseline (median and MAD over the first ``warmup_steps`` steps, never
+one batch). The score of a statistic ``x`` with baseline median ``m`` and noise scale ``s`` (1.4826 MAD) is a
+piecewise-linear map of its excess ``e`` in the bad direction:
+
+.. math::
+
+    e = \begin{cases} x - m & \text{absolute metrics} \\ (x - m) / |m| & \text{relative metrics}
+    \end{cases}\quad(\text{sign flipped when a fall is bad})
+
+.. math::
+
+    t_w = \max(w,\ \sigma_w \tilde s),\qquad t_h = \max(h,\ \sigma_h \tilde s),\qquad
+    \text{score}(e) = \begin{cases} 0 & e \le 0 \\ 0.1\, e / t_w & e < t_w \\
+    \min\!\big(1,\ 0.1 + 0.2\,(e - t_w)/(t_h - t_w)\big) & e \ge t_w \end{cases}
+
+where ``w``/``h`` are the metric's WARN/HACK excesses, :math:`\tilde s` the noise scale in the same units as
+``e``, and :math:`\sigma_w = 3`, :math:`\sigma_h = 5` by default: an excess must clear both the metric's own
+band and the warm-up noise. A score of 0.10 is the WARN level and 0.30 the HACK level (the relative-drop bands
+kept from loopguard's predecessor), so a detector's score, the Guard's vote and the KL controller's trip band
+share one scale.
+
+Roles: *primary* detectors can trip the Guard on their own (repetition, diversity, rm_ensemble, info_rm,
+gold); *corroborating* ones (length, collapse) count only when a primary one is at least at WARN, because
+legitimate training grows answers and succeeds on whole groups; the *guard* detector (drift) never votes, it
+only keeps the vote from falling while the reward distribution degenerates.
+
+Example:
+    >>> from loopguard.detectors import band_score
+    >>> band_score(0.05, warn=0.10, hack=0.30), band_score(0.10, warn=0.10, hack=0.30)
+    (0.05, 0.1)
+    >>> round(band_score(0.30, warn=0.10, hack=0.30), 6)
+    0.3
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Literal
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from loopguard import signals
+from loopguard._validation import (
+    as_float_array,
+    check_int,
+    check_name,
+    integer,
+    real,
+)
+from loopguard.exceptions import ConfigError, LoopguardTypeError
+
+__all__ = [
+    "HACK_LEVEL",
+    "WARN_LEVEL",
+    "Collapse",
+    "Detector",
+    "Diversity",
+    "GoldAudit",
+    "InfoRM",
+    "Length",
+    "Metric",
+    "RMEnsemble",
+    "Repetition",
+    "RewardDrift",
+    "band_score",
+    "detector_from_name",
+]
+
+WARN_LEVEL = 0.10
+"""Score at which a detector (and the vote) reads WARN."""
+
+HACK_LEVEL = 0.30
+"""Score at which a detector (and the vote) reads HACK; also the default trip band of ``BangBang``."""
+
+Role = Literal["primary", "corroborating", "guard"]
+Raw = dict[str, float]
+
+
+def band_score(excess: float, *, warn: float, hack: float) -> float:
+    """Map an excess over the baseline to a score: 0.10 at ``warn``, 0.30 at ``hack``, linear, capped at 1.
+
+    Example:
+        >>> band_score(-1.0, warn=0.1, hack=0.3), band_score(1.2, warn=0.1, hack=0.3)
+        (0.0, 1.0)
+    """
+    if excess <= 0.0:
+        return 0.0
+    if excess < warn:
+        return WARN_LEVEL * excess / warn
+    return min(1.0, WARN_LEVEL + (HACK_LEVEL - WARN_LEVEL) * (excess - warn) / (hack - warn))
+
+
+@attrs.frozen
+class Metric:
+    """One raw statistic a detector measures, and how its excess over the baseline is scored.
+
+    Attributes:
+        key: Name of the statistic (e.g. ``"rate"``); logged as ``"<detector>.<key>"``.
+        bad: ``"up"`` when a rise is suspicious, ``"down"`` when a fall is.
+        relative: Score the excess as a fraction of the baseline median instead of in raw units.
+        warn: Excess that scores 0.10 (before the noise floor).
+        hack: Excess that scores 0.30 (before the noise floor); must exceed ``warn``.
+        unit: How to print the raw value in an explanation (``"{:.3f}"`` style).
+    """
+
+    key: str = attrs.field(validator=attrs.validators.instance_of(str))
+    bad: Literal["up", "down"] = attrs.field(validator=attrs.validators.in_(("up", "down")))
+    relative: bool = attrs.field(validator=attrs.validators.instance_of(bool))
+    warn: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
+    hack: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
+    unit: str = "{:.3f}"
+
+    def __attrs_post_init__(self) -> None:
+        """Check the band order."""
+        if self.hack <= self.warn:
+            msg = f"`hack` must be > warn ({self.warn}), got {self.hack}."
+            raise ConfigError(msg)
+
+    def excess(self, value: float, median: float) -> float:
+        """Signed excess of ``value`` over ``median`` in the bad direction (relative when configured)."""
+        difference = value - median if self.bad == "up" else median - value
+        if not self.relative:
+            return difference
+        return difference / max(abs(median), 1e-12)
+
+    def noise(self, scale: float, median: float) -> float:
+        """The warm-up noise scale in the units of :meth:`excess`."""
+        return scale / max(abs(median), 1e-12) if self.relative else scale
+
+    def score(
+        self, value: float, median: float, scale: float, *, sigma_warn: float, sigma_hack: float
+    ) -> float:
+        """Score ``value`` against a baseline with noise floors of ``sigma_warn``/``sigma_hack`` scales."""
+        noise = self.noise(scale, median)
+        warn = max(self.warn, sigma_warn * noise)
+        hack = max(self.hack, sigma_hack * noise)
+        if hack <= warn:  # only when sigma_hack <= sigma_warn * warn/hack; keep the bands ordered
+            hack = warn * self.hack / self.warn
+        return band_score(self.excess(value, median), warn=warn, hack=hack)
+
+
+class StepData:
+    """Per-step inputs shared by all detectors, converted once (token batch, lengths, texts).
+
+    Built by the Guard for each observation; detectors read it instead of converting the same data twice.
+    """
+
+    def __init__(self, observation: Any, *, warmup_steps: int) -> None:
+        """Wrap ``observation``; ``warmup_steps`` is the Guard's warm-up length."""
+        self.observation = observation
+        self.warmup_steps = warmup_steps
+        self._tokens: signals.TokenBatch | None = None
+
+    @property
+    def tokens(self) -> signals.TokenBatch | None:
+        """Completions as a token batch: ``completion_ids`` when present, else the whitespace-split texts."""
+        if self._tokens is None:
+            obs = self.observation
+            if obs.completion_ids is not None:
+                self._tokens = obs.completion_ids
+            elif obs.completions is not None:
+                self._tokens = signals.as_token_batch("completions", list(obs.completions))
+        return self._tokens
+
+    @property
+    def lengths(self) -> NDArray[np.int64] | None:
+        """Completion lengths: ``Observation.lengths``, else derived from the token batch."""
+        if self.observation.lengths is not None:
+            return self.observation.lengths  # type: ignore[no-any-return]
+        tokens = self.tokens
+        return None if tokens is None else tokens.lengths
+
+
+@attrs.frozen
+class Detector:
+    """Base of every detector config. Subclasses set :attr:`name`, :attr:`role`, :attr:`needs`, metrics."""
+
+    name: ClassVar[str] = ""
+    role: ClassVar[Role] = "primary"
+    needs: ClassVar[str] = ""
+    """Plain-English list of the Observation fields the detector reads (for "skipped" notes)."""
+    advice: ClassVar[str] = ""
+    """What a user can change when this detector keeps tripping."""
+    holds: ClassVar[bool] = False
+    """Whether the last score stays valid on steps without a measurement (a periodic audit)."""
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """The statistics this detector measures."""
+        raise TypeError(f"{type(self).__name__} must define metrics()")  # pragma: no cover
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Raw statistics of this step, or None when an input is missing. ``memory`` is detector state."""
+        raise TypeError(f"{type(self).__name__} must define measure()")  # pragma: no cover
+
+    def combine(
+        self, scores: Mapping[str, float], raw: Raw, baselines: Mapping[str, tuple[float, float]]
+    ) -> float:
+        """Combine per-metric scores into the detector's score (default: the largest)."""
+        return max(scores.values(), default=0.0)
+
+    def on_warmup_end(self, memory: dict[str, Any]) -> None:
+        """Hook called once when the warm-up ends (e.g. to freeze a reference sample)."""
+
+
+def _rows(value: Any) -> int:
+    return len(value)
+
+
+@attrs.frozen
+class Repetition(Detector):
+    """Echo traps: the batch-mean n-gram repetition rate and the share of completions stuck in a loop.
+
+    Args:
+        n: n-gram size for :func:`~loopguard.signals.ngram_repetition_rate`.
+        trap_rate: A completion whose own rate reaches this counts as trapped (the echo TRAP band).
+    """
+
+    name: ClassVar[str] = "repetition"
+    needs: ClassVar[str] = "completions or completion_ids"
+    advice: ClassVar[str] = (
+        "the policy repeats itself: penalise repetition with shape_reward(kind='repetition'), "
+        "lower the learning rate, or raise the sampling temperature"
+    )
+    n: int = attrs.field(default=2, validator=integer(lo=1, hi=32))
+    trap_rate: float = attrs.field(default=0.60, validator=real(lo=0.0, hi=1.0, lo_inclusive=False))
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """Mean repetition rate (absolute rise 0.10/0.20) and trapped share (absolute rise 0.05/0.15)."""
+        return (
+            Metric("rate", "up", False, 0.10, 0.20),
+            Metric("trapped", "up", False, 0.05, 0.15, unit="{:.1%}"),
+        )
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Repetition statistics of the completions."""
+        if data.tokens is None:
+            return None
+        rates = signals.ngram_repetition_rate(data.tokens, n=self.n, reduce="none")
+        return {"rate": float(rates.mean()), "trapped": float((rates >= self.trap_rate).mean())}
+
+
+@attrs.frozen
+class Diversity(Detector):
+    """Diversity collapse: the batch's corpus distinct-n (Li et al. 2016) falling against its warm-up.
+
+    Args:
+        n: n-gram size for :func:`~loopguard.signals.distinct_n`.
+    """
+
+    name: ClassVar[str] = "diversity"
+    needs: ClassVar[str] = "completions or completion_ids"
+    advice: ClassVar[str] = (
+        "outputs are becoming alike: check whether the reward pays for one phrase or token, "
+        "and prefer a reward that values distinct content"
+    )
+    n: int = attrs.field(default=2, validator=integer(lo=1, hi=32))
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """Corpus distinct-n, relative fall 0.10/0.30 (the predecessor's drop bands)."""
+        return (Metric("distinct", "down", True, 0.10, 0.30),)
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Corpus distinct-n of the completions."""
+        if data.tokens is None:
+            return None
+        return {"distinct": signals.distinct_n(data.tokens, n=self.n, reduce="corpus")}
+
+
+@attrs.frozen
+class Length(Detector):
+    """Length exploitation (Singhal et al. 2023): reward tracks length *and* answers grow. Corroborating only.
+
+    The score is the smaller of the correlation score and the growth score, and the Guard counts it only
+    while a primary detector is at WARN or above: legitimate reasoning tasks grow answers on purpose.
+    """
+
+    name: ClassVar[str] = "length"
+    role: ClassVar[Role] = "corroborating"
+    needs: ClassVar[str] = "lengths, completion_ids or completions"
+    advice: ClassVar[str] = (
+        "reward grows with answer length: add shape_reward(kind='length') or a length-normalised reward model"
+    )
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """Spearman rho(reward, length), absolute rise 0.2/0.4; mean length, relative rise 0.25/0.75."""
+        return (
+            Metric("correlation", "up", False, 0.20, 0.40, unit="{:+.3f}"),
+            Metric("mean_length", "up", True, 0.25, 0.75, unit="{:.1f}"),
+        )
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Reward-length rank correlation and mean length."""
+        lengths = data.lengths
+        rewards = data.observation.rewards
+        if lengths is None or len(lengths) != len(rewards) or len(rewards) < 2:
+            return None
+        rho = signals.reward_length_correlation(rewards, lengths, method="spearman")
+        return {"correlation": rho, "mean_length": float(np.mean(lengths))}
+
+    def combine(
+        self, scores: Mapping[str, float], raw: Raw, baselines: Mapping[str, tuple[float, float]]
+    ) -> float:
+        """Both must move: the smaller score."""
+        return min(scores.values(), default=0.0)
+
+
+@attrs.frozen
+class Collapse(Detector):
+    """RAGEN's early collapse warnings (Wang et al. 2025): in-group reward std and entropy fall.
+
+    Corroborating only.
+
+    Counted only while a primary detector is at WARN or above: a policy that solves every prompt also has
+    zero-variance groups, and that is success, not collapse.
+    """
+
+    name: ClassVar[str] = "collapse"
+    role: ClassVar[Role] = "corroborating"
+    needs: ClassVar[str] = "group_size (entropy optional)"
+    advice: ClassVar[str] = (
+        "rollouts of the same prompt are converging: raise the sampling temperature or drop prompt groups "
+        "with no reward variance"
+    )
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """In-group std (relative fall 0.3/0.6), zero-std groups (rise 0.2/0.4), entropy (fall 0.2/0.4)."""
+        return (
+            Metric("group_std", "down", True, 0.30, 0.60),
+            Metric("zero_std_groups", "up", False, 0.20, 0.40, unit="{:.1%}"),
+            Metric("entropy", "down", True, 0.20, 0.40),
+        )
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Group statistics of the rewards, plus the mean entropy when the trainer reports it."""
+        obs = data.observation
+        if obs.group_size is None:
+            return None
+        raw = {
+            "group_std": float(np.mean(signals.group_reward_std(obs.rewards, obs.group_size, ddof=0))),
+            "zero_std_groups": signals.zero_std_group_fraction(obs.rewards, obs.group_size),
+        }
+        if obs.entropy is not None:
+            raw["entropy"] = float(obs.entropy)
+        return raw
+
+
+@attrs.frozen
+class RewardDrift(Detector):
+    """The reward distribution against the warm-up's (standardised 1-D Wasserstein). Guard role: never votes.
+
+    While the drift score is at HACK level *and* the batch's reward spread has fallen by half or more, the
+    Guard keeps the vote from falling (a degenerating reward distribution is no reason to relax beta).
+    """
+
+    name: ClassVar[str] = "drift"
+    role: ClassVar[Role] = "guard"
+    needs: ClassVar[str] = "rewards"
+    advice: ClassVar[str] = "the reward distribution moved far from the warm-up's"
+    reference_size: int = attrs.field(default=4096, validator=integer(lo=16, hi=100_000))
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """Standardised W1 distance to the warm-up rewards (absolute rise 0.5/1.0 reference scales)."""
+        return (Metric("wasserstein", "up", False, 0.50, 1.00), Metric("spread", "down", True, 0.25, 0.50))
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Distance to the reference rewards; during warm-up the reference is still being collected."""
+        rewards = data.observation.rewards
+        reference = memory.setdefault("reference", [])
+        spread = float(np.std(rewards))
+        if not memory.get("frozen"):
+            reference.extend(float(r) for r in rewards)
+            del reference[: max(0, len(reference) - self.reference_size)]
+            if len(reference) < 2 * len(rewards):
+                return {"wasserstein": 0.0, "spread": spread}
+            # Leave-current-out distance, so warm-up values are comparable with later ones.
+            return {
+                "wasserstein": signals.reward_drift(rewards, reference[: -len(rewards)], standardize=True),
+                "spread": spread,
+            }
+        return {"wasserstein": signals.reward_drift(rewards, reference, standardize=True), "spread": spread}
+
+    def combine(
+        self, scores: Mapping[str, float], raw: Raw, baselines: Mapping[str, tuple[float, float]]
+    ) -> float:
+        """Degenerating = moved away *and* narrowed: the smaller score."""
+        return min(scores.values(), default=0.0)
+
+    def on_warmup_end(self, memory: dict[str, Any]) -> None:
+        """Freeze the reference sample."""
+        memory["frozen"] = True
+
+
+@attrs.frozen
+class RMEnsemble(Detector):
+    """Reward-model ensemble disagreement (Coste et al. 2023; Eisenstein et al. 2023).
+
+    Args:
+        members: Number of ensemble members, or their names; at least 2. Observations must carry
+            ``ensemble_scores`` shaped ``[members, batch]``.
+    """
+
+    name: ClassVar[str] = "rm_ensemble"
+    needs: ClassVar[str] = "ensemble_scores"
+    advice: ClassVar[str] = (
+        "reward models disagree on the policy's new outputs: score with a conservative ensemble reward "
+        "(ensemble_reward(method='uwo' or 'min')) or retrain the reward models on recent samples"
+    )
+    members: int | tuple[str, ...] | None = attrs.field(default=None)
+
+    def __attrs_post_init__(self) -> None:
+        """At least two members: one reward model cannot disagree with itself."""
+        members = self.members
+        if members is None:
+            return
+        if isinstance(members, tuple):
+            for index, member in enumerate(members):
+                check_name(f"members[{index}]", member)
+            count = len(members)
+        else:
+            count = check_int("members", members)
+        if count < 2:
+            msg = f"`members` of rm_ensemble must be at least 2 reward models, got {members!r}."
+            raise ConfigError(msg)
+
+    @property
+    def count(self) -> int | None:
+        """Number of members, when configured."""
+        if self.members is None:
+            return None
+        return len(self.members) if isinstance(self.members, tuple) else int(self.members)
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """Mean per-sample variance across members, relative rise 0.5/1.5."""
+        return (Metric("disagreement", "up", True, 0.50, 1.50, unit="{:.4g}"),)
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Disagreement of this step's ensemble scores."""
+        scores = data.observation.ensemble_scores
+        if scores is None or scores.shape[0] < 2:
+            return None
+        return {"disagreement": signals.ensemble_disagreement(scores)}
+
+
+@attrs.frozen
+class InfoRM(Detector):
+    """InfoRM latent outliers (Miao et al. 2024): policy-output clusters far from the reference latents.
+
+    Embeddings come from ``embed_fn(completions) -> [B, D]`` when given, otherwise from
+    ``Observation.embeddings`` (then ``from_observations=True`` must be set, so a misconfiguration fails at
+    construction). The reference latents are ``reference_embeddings`` when given, else
+    ``Observation.reference_embeddings``, else the embeddings of the first half of the warm-up (up to
+    ``reference_size`` rows); the CSI baseline is then taken over the second half.
+
+    Args:
+        embed_fn: Maps a list of completion strings to an array ``[B, D]``.
+        from_observations: Read ``Observation.embeddings`` each step.
+        reference_embeddings: Fixed reference latents ``[M, D]``.
+        eps: DBSCAN radius; ``None`` picks the median distance from a reference point to its
+            ``min_samples``-th nearest reference neighbour (the k-distance heuristic of Ester et al. 1996).
+        min_samples: DBSCAN core-point size.
+        statistic: ``"csi"`` (cluster separation index per point) or ``"mop"`` (Mahalanobis outlier fraction).
+    """
+
+    name: ClassVar[str] = "info_rm"
+    needs: ClassVar[str] = "embeddings (embed_fn or Observation.embeddings)"
+    advice: ClassVar[str] = (
+        "the policy's outputs moved into a region of latent space the reference never produced: "
+        "raise beta or retrain the reward model on recent samples"
+    )
+    embed_fn: Callable[[list[str]], Any] | None = attrs.field(default=None)
+    from_observations: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    reference_embeddings: Any = attrs.field(default=None, eq=False)
+    eps: float | None = attrs.field(default=None, validator=real(lo=0.0, lo_inclusive=False, optional=True))
+    min_samples: int = attrs.field(default=5, validator=integer(lo=1, hi=10_000))
+    statistic: Literal["csi", "mop"] = attrs.field(
+        default="csi", validator=attrs.validators.in_(("csi", "mop"))
+    )
+    reference_size: int = attrs.field(default=1024, validator=integer(lo=8, hi=100_000))
+
+    def __attrs_post_init__(self) -> None:
+        """Require a source of embeddings."""
+        if self.embed_fn is not None and not callable(self.embed_fn):
+            msg = f"`embed_fn` must be callable, got {type(self.embed_fn).__name__}."
+            raise LoopguardTypeError(msg)
+        if self.embed_fn is None and not self.from_observations:
+            msg = (
+                "signal 'info_rm' needs embeddings: pass InfoRM(embed_fn=...) to embed completions, or "
+                "InfoRM(from_observations=True) and put Observation.embeddings in every step."
+            )
+            raise ConfigError(msg)
+        if self.reference_embeddings is not None:
+            object.__setattr__(
+                self,
+                "reference_embeddings",
+                as_float_array("reference_embeddings", self.reference_embeddings, ndim=2),
+            )
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """CSI per point (relative rise 0.5/1.5) or MOP (absolute rise 0.10/0.25)."""
+        if self.statistic == "csi":
+            return (Metric("csi", "up", True, 0.50, 1.50, unit="{:.4g}"),)
+        return (Metric("mop", "up", False, 0.10, 0.25, unit="{:.1%}"),)
+
+    def _embeddings(self, data: StepData) -> NDArray[np.float64] | None:
+        obs = data.observation
+        if self.embed_fn is not None and obs.completions is not None:
+            return as_float_array("embed_fn(completions)", self.embed_fn(list(obs.completions)), ndim=2)
+        return obs.embeddings  # type: ignore[no-any-return]
+
+    def _reference(self, data: StepData, memory: dict[str, Any]) -> NDArray[np.float64] | None:
+        if self.reference_embeddings is not None:
+            return self.reference_embeddings  # type: ignore[no-any-return]
+        if data.observation.reference_embeddings is not None:
+            return data.observation.reference_embeddings  # type: ignore[no-any-return]
+        pool = memory.get("pool")
+        return None if pool is None or not memory.get("frozen") else np.asarray(pool, dtype=np.float64)
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """CSI or MOP of this step's embeddings against the reference."""
+        embeddings = self._embeddings(data)
+        if embeddings is None:
+            return None
+        reference = self._reference(data, memory)
+        if reference is None:  # pool a reference from the first half of the warm-up
+            pool = memory.setdefault("pool", [])
+            pool.extend(embeddings.tolist())
+            del pool[: max(0, len(pool) - self.reference_size)]
+            memory["pool_steps"] = memory.get("pool_steps", 0) + 1
+            if memory["pool_steps"] >= max(1, data.warmup_steps // 2):
+                memory["frozen"] = True
+            return None
+        if self.statistic == "mop":
+            return {"mop": signals.mahalanobis_outlier_fraction(embeddings, reference)}
+        eps = self.eps if self.eps is not None else memory.get("eps")
+        if eps is None:
+            eps = _k_distance_eps(reference, self.min_samples)
+            memory["eps"] = eps
+        csi = signals.cluster_separation_index(
+            embeddings, reference, eps=eps, min_samples=self.min_samples, include_noise=True, normalize=True
+        )
+        return {"csi": csi}
+
+
+def _k_distance_eps(reference: NDArray[np.float64], min_samples: int) -> float:
+    from sklearn.neighbors import NearestNeighbors
+
+    k = min(min_samples, len(reference) - 1)
+    if k < 1:
+        return 1.0
+    distances, _ = NearestNeighbors(n_neighbors=k + 1).fit(reference).kneighbors(reference)
+    eps = float(np.median(distances[:, k]))
+    return eps if eps > 0 and math.isfinite(eps) else 1.0
+
+
+@attrs.frozen
+class GoldAudit(Detector):
+    """Gold audit: the proxy reward holds or rises while a trusted judge's score falls.
+
+    The most direct evidence of hacking when a stronger judge or verifier exists. Gold scores come from
+    ``Observation.gold`` (for ``Observation.gold_indices`` of the batch, or the whole batch), or from
+    ``gold_fn(prompts, completions) -> scores`` called on ``sample_size`` completions every ``every`` steps
+    (the sample is drawn with a generator seeded by ``(seed, step)``, so every rank picks the same one).
+
+    Args:
+        gold_fn: Optional judge called on a sample of (prompt, completion) strings.
+        every: Audit period in steps when ``gold_fn`` is used.
+        sample_size: Completions audited per audit.
+        seed: Seed of the audit sample.
+    """
+
+    name: ClassVar[str] = "gold"
+    holds: ClassVar[bool] = True
+    needs: ClassVar[str] = "gold (Observation.gold or gold_fn with prompts and completions)"
+    advice: ClassVar[str] = (
+        "the proxy reward no longer tracks the gold judge: the policy games the proxy; fix the proxy reward "
+        "or raise beta"
+    )
+    gold_fn: Callable[[list[str], list[str]], Any] | None = attrs.field(default=None)
+    every: int = attrs.field(default=10, validator=integer(lo=1, hi=1_000_000))
+    sample_size: int = attrs.field(default=16, validator=integer(lo=1, hi=100_000))
+    seed: int = attrs.field(default=0, validator=integer(lo=0))
+
+    def __attrs_post_init__(self) -> None:
+        """Check the judge is callable."""
+        if self.gold_fn is not None and not callable(self.gold_fn):
+            msg = f"`gold_fn` must be callable, got {type(self.gold_fn).__name__}."
+            raise LoopguardTypeError(msg)
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """Gold mean (relative fall 0.10/0.30) and, as a gate, the proxy mean on the same samples."""
+        return (Metric("gold", "down", True, 0.10, 0.30), Metric("proxy", "down", True, 0.10, 0.30))
+
+    def _audit(self, data: StepData) -> tuple[NDArray[np.float64], NDArray[np.int64]] | None:
+        obs = data.observation
+        if obs.gold is not None:
+            indices = obs.gold_indices if obs.gold_indices is not None else np.arange(len(obs.gold))
+            return obs.gold, indices
+        if self.gold_fn is None or obs.completions is None or obs.prompts is None:
+            return None
+        if obs.step % self.every != 0:
+            return None
+        rng = np.random.default_rng([self.seed, obs.step])
+        size = min(self.sample_size, len(obs.completions))
+        indices = np.sort(rng.choice(len(obs.completions), size=size, replace=False)).astype(np.int64)
+        prompts = [obs.prompts[i] for i in indices]
+        completions = [obs.completions[i] for i in indices]
+        scores = as_float_array("gold_fn(prompts, completions)", self.gold_fn(prompts, completions))
+        if len(scores) != size:
+            msg = f"`gold_fn` must return one score per completion ({size}), got {len(scores)}."
+            raise ConfigError(msg)
+        return scores, indices
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Gold and proxy means on the audited completions (None on steps without an audit)."""
+        audit = self._audit(data)
+        if audit is None:
+            return None
+        gold, indices = audit
+        proxy = data.observation.rewards[indices]
+        return {"gold": float(np.mean(gold)), "proxy": float(np.mean(proxy))}
+
+    def combine(
+        self, scores: Mapping[str, float], raw: Raw, baselines: Mapping[str, tuple[float, float]]
+    ) -> float:
+        """The gold score counts only while the proxy has not fallen below its own baseline (a real hack)."""
+        proxy_median, _ = baselines["proxy"]
+        if raw["proxy"] < proxy_median:
+            return 0.0
+        return scores["gold"]
+
+
+_REGISTRY: dict[str, type[Detector]] = {
+    cls.name: cls
+    for cls in (Repetition, Diversity, Length, Collapse, RewardDrift, RMEnsemble, InfoRM, GoldAudit)
+}
+SIGNAL_NAMES: tuple[str, ...] = tuple(sorted(_REGISTRY))
+DEFAULT_SIGNALS: tuple[str, ...] = ("repetition", "diversity", "length", "collapse", "drift")
+"""Signals computable from what every trainer has (rewards, completions, lengths, group size, entropy)."""
+
+
+def detector_from_name(name: str) -> Detector:
+    """Build the default config of a named signal.
+
+    Raises:
+        ConfigError: unknown name (the message lists the known ones), or a signal that cannot run with
+            defaults (``info_rm`` needs an embedding source).
+
+    Example:
+        >>> detector_from_name("repetition")
+        Repetition(n=2, trap_rate=0.6)
+    """
+    if not isinstance(name, str):
+        msg = f"`signals` entries must be signal names or detector configs, got {name!r}."
+        raise LoopguardTypeError(msg)
+    if name not in _REGISTRY:
+        options = ", ".join(repr(option) for option in SIGNAL_NAMES)
+        msg = f"`signals` must name known signals ({options}), got {name!r}."
+        raise ConfigError(msg)
+    return _REGISTRY[name]()
+
+
+def as_detectors(specs: Sequence[str | Detector] | None) -> tuple[Detector, ...]:
+    """Normalise a ``signals=`` argument into detector configs (defaults when ``None``), rejecting repeats."""
+    if specs is None:
+        return tuple(detector_from_name(name) for name in DEFAULT_SIGNALS)
+    if isinstance(specs, (str, bytes)) or not isinstance(specs, Sequence):
+        msg = f"`signals` must be a list of signal names or detector configs, got {specs!r}."
+        raise LoopguardTypeError(msg)
+    detectors = tuple(spec if isinstance(spec, Detector) else detector_from_name(spec) for spec in specs)
+    names = [d.name for d in detectors]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        msg = f"`signals` must name each signal once, got {', '.join(repeated)} more than once."
+        raise ConfigError(msg)
+    return detectors

@@ -1,0 +1,910 @@
+"""The Guard: one observation of a training step in, one decision out.
+
+:class:`Observation` carries what a trainer already computed for one step (rewards, completions, lengths,
+prompt groups, KL, entropy, ensemble scores, embeddings, gold scores, the current beta). :class:`Guard` runs
+the configured detectors (:mod:`loopguard.detectors`) on it, scores each against its robust warm-up baseline,
+smooths and votes the scores into an OK / WARN / HACK verdict, asks the KL controller
+(:mod:`loopguard.control`) for the next beta and the escalation ladder for a rollback or a stop, and returns a
+:class:`Decision` with a plain-English explanation. No torch, no trainer: adapters translate trainer events
+into observations and apply decisions.
+
+The Guard's memory is a JSON value: :meth:`Guard.state_dict` / :meth:`Guard.load_state_dict` (no pickle). A
+Guard loaded from a saved state makes the same decisions on the same observations as the one that saved it.
+
+Example:
+    >>> import numpy as np
+    >>> from loopguard import Guard, Observation
+    >>> guard = Guard(mode="kl_control", beta=0.04, warmup_steps=5)
+    >>> rng = np.random.default_rng(0)
+    >>> texts = lambda: [" ".join(rng.choice(list("abcdefghij"), size=12)) for _ in range(16)]
+    >>> for step in range(6):
+    ...     decision = guard.step(Observation(step, rng.normal(size=16), completions=texts(), group_size=4))
+    >>> decision.verdict, decision.action, decision.beta_after
+    ('OK', 'none', 0.04)
+    >>> looping = ["x y " * 6] * 16
+    >>> for step in range(6, 10):
+    ...     decision = guard.step(Observation(step, rng.normal(size=16), completions=looping, group_size=4))
+    >>> decision.verdict, decision.action, decision.beta_after > 0.04
+    ('HACK', 'raise_beta', True)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, get_args
+
+import attrs
+import numpy as np
+from numpy.typing import NDArray
+
+from loopguard._validation import (
+    MAX_ENSEMBLE_MEMBERS,
+    MAX_TRAJECTORIES,
+    as_float_array,
+    as_int_array,
+    check_bool,
+    check_choice,
+    check_int,
+    check_real,
+    describe,
+)
+from loopguard.control import (
+    AdaptiveKL,
+    AdaptiveKLState,
+    BangBang,
+    BangBangState,
+    ControlOutput,
+    EscalationLadder,
+    LadderOutput,
+    LadderState,
+    PIDLagrangian,
+    PIDLagrangianState,
+)
+from loopguard.detectors import (
+    HACK_LEVEL,
+    WARN_LEVEL,
+    Detector,
+    StepData,
+    as_detectors,
+)
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
+from loopguard.signals import TokenBatch, as_token_batch
+
+__all__ = ["Action", "Decision", "Guard", "Mode", "Observation", "Verdict"]
+
+Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
+Verdict = Literal["OK", "WARN", "HACK"]
+Action = Literal["none", "raise_beta", "lower_beta", "rollback", "stop"]
+Smoothing = Literal["none", "ema", "median"]
+VoteRule = Literal["mean", "max", "k_of_n", "conservative"]
+
+STATE_VERSION = 1
+_CONTROLLERS: dict[str, type[Any]] = {
+    "kl_control": BangBang,
+    "pid_lagrangian": PIDLagrangian,
+    "adaptive_kl": AdaptiveKL,
+}
+_STATES: dict[str, Any] = {
+    "kl_control": BangBangState,
+    "pid_lagrangian": PIDLagrangianState,
+    "adaptive_kl": AdaptiveKLState,
+}
+_MAX_BETA_HISTORY = 100
+
+
+# ---------------------------------------------------------------------------------------------- Observation
+
+
+def _texts(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        msg = f"`{name}` must be a list of strings, got {describe(value)}."
+        raise LoopguardTypeError(msg)
+    for index, item in enumerate(value):
+        if not isinstance(item, str):
+            msg = (
+                f"`{name}[{index}]` must be a string, got {type(item).__name__} {describe(item)} "
+                "(convert chat messages to text first)."
+            )
+            raise LoopguardTypeError(msg)
+    return tuple(value)
+
+
+def _finite(name: str, value: object, lo: float | None = None) -> float:
+    if hasattr(value, "item") and not isinstance(value, (bool, np.bool_)):
+        value = value.item()
+    try:
+        return check_real(name, value, lo=lo)
+    except ConfigError as error:  # data, not configuration
+        raise InputError(str(error)) from None
+
+
+def _beta(value: object) -> float:
+    beta = _finite("beta", value, lo=0.0)
+    if beta == 0.0:
+        msg = "`beta` must be > 0 (a KL coefficient of 0 removes the reference model in TRL), got 0.0."
+        raise InputError(msg)
+    return beta
+
+
+@attrs.frozen(eq=False, init=False)
+class Observation:
+    """What one training step produced, as the Guard sees it. Only ``step`` and ``rewards`` are required.
+
+    Args:
+        step: The trainer's global step (an int >= 0).
+        rewards: Proxy reward per completion, ``[B]``: the reward the policy is trained on, *before* any
+            shaping (see :func:`loopguard.shaping.shape_reward`), so shaping never hides a hack.
+        completions: Completion texts, ``B`` strings.
+        completion_ids: Completion token ids (a list of ``B`` id lists, a 2-D array, or a ``TokenBatch``).
+        lengths: Completion lengths in tokens, ``[B]``; derived from ``completion_ids`` (or words of
+            ``completions``) when omitted.
+        group_size: Completions per prompt (GRPO's ``num_generations``), laid out group-contiguous.
+        kl: The step's mean KL to the reference policy (required by ``mode="adaptive_kl"``).
+        entropy: The step's mean token entropy.
+        ensemble_scores: Reward-model ensemble scores, ``[K, B]``.
+        embeddings: Response embeddings of the policy outputs, ``[N, D]``.
+        reference_embeddings: Reference (SFT) response embeddings, ``[M, D]``.
+        gold: Gold-judge scores for ``gold_indices`` of the batch (or for the whole batch).
+        gold_indices: Batch positions that ``gold`` scores.
+        prompts: Prompt text per completion, ``B`` strings (a gold judge needs them).
+        beta: The trainer's current KL coefficient (> 0).
+
+    Raises:
+        LoopguardTypeError, InputError: a field has the wrong type, shape, length or a non-finite value.
+
+    Example:
+        >>> ids = [[1, 2], [3], [4, 4], [5]]
+        >>> obs = Observation(3, [1.0, 0.0, 1.0, 1.0], completion_ids=ids, group_size=2)
+        >>> obs.rewards.shape, obs.group_size
+        ((4,), 2)
+    """
+
+    step: int
+    rewards: NDArray[np.float64]
+    completions: tuple[str, ...] | None
+    completion_ids: TokenBatch | None
+    lengths: NDArray[np.int64] | None
+    group_size: int | None
+    kl: float | None
+    entropy: float | None
+    ensemble_scores: NDArray[np.float64] | None
+    embeddings: NDArray[np.float64] | None
+    reference_embeddings: NDArray[np.float64] | None
+    gold: NDArray[np.float64] | None
+    gold_indices: NDArray[np.int64] | None
+    prompts: tuple[str, ...] | None
+    beta: float | None
+
+    def __init__(
+        self,
+        step: int,
+        rewards: object,
+        *,
+        completions: Sequence[str] | None = None,
+        completion_ids: object = None,
+        lengths: object = None,
+        group_size: int | None = None,
+        kl: float | None = None,
+        entropy: float | None = None,
+        ensemble_scores: object = None,
+        embeddings: object = None,
+        reference_embeddings: object = None,
+        gold: object = None,
+        gold_indices: object = None,
+        prompts: Sequence[str] | None = None,
+        beta: float | None = None,
+    ) -> None:
+        """Validate and convert every field (see the class docstring)."""
+        self.__attrs_init__(
+            step=check_int("step", step, lo=0),
+            rewards=as_float_array("rewards", rewards),
+            completions=None if completions is None else _texts("completions", completions),
+            completion_ids=None
+            if completion_ids is None
+            else as_token_batch("completion_ids", completion_ids),
+            lengths=None if lengths is None else as_int_array("lengths", lengths, lo=0),
+            group_size=None
+            if group_size is None
+            else check_int("group_size", group_size, lo=2, hi=MAX_TRAJECTORIES),
+            kl=None if kl is None else _finite("kl", kl),
+            entropy=None if entropy is None else _finite("entropy", entropy, lo=0.0),
+            ensemble_scores=None
+            if ensemble_scores is None
+            else as_float_array("ensemble_scores", ensemble_scores, ndim=2, max_len=MAX_ENSEMBLE_MEMBERS),
+            embeddings=None if embeddings is None else as_float_array("embeddings", embeddings, ndim=2),
+            reference_embeddings=None
+            if reference_embeddings is None
+            else as_float_array("reference_embeddings", reference_embeddings, ndim=2),
+            gold=None if gold is None else as_float_array("gold", gold),
+            gold_indices=None if gold_indices is None else as_int_array("gold_indices", gold_indices, lo=0),
+            prompts=None if prompts is None else _texts("prompts", prompts),
+            beta=None if beta is None else _beta(beta),
+        )
+
+    def __attrs_post_init__(self) -> None:
+        """Cross-field checks: every per-completion field matches the batch size."""
+        size = len(self.rewards)
+        per_completion = {
+            "completions": None if self.completions is None else len(self.completions),
+            "completion_ids": None if self.completion_ids is None else self.completion_ids.n_rows,
+            "lengths": None if self.lengths is None else len(self.lengths),
+            "prompts": None if self.prompts is None else len(self.prompts),
+            "ensemble_scores": None if self.ensemble_scores is None else self.ensemble_scores.shape[1],
+        }
+        for name, count in per_completion.items():
+            if count is not None and count != size:
+                msg = f"`{name}` must have one entry per reward ({size}), got {count}."
+                raise InputError(msg)
+        if self.group_size is not None and size % self.group_size:
+            msg = f"`group_size` must divide the batch size ({size}), got {self.group_size}."
+            raise InputError(msg)
+        if (
+            self.embeddings is not None
+            and self.reference_embeddings is not None
+            and self.embeddings.shape[1] != self.reference_embeddings.shape[1]
+        ):
+            msg = (
+                "`embeddings` and `reference_embeddings` must have the same dimension, "
+                f"got {self.embeddings.shape[1]} and {self.reference_embeddings.shape[1]}."
+            )
+            raise InputError(msg)
+        if self.gold_indices is not None:
+            if self.gold is None:
+                msg = "`gold_indices` must come with `gold` scores, got gold=None."
+                raise InputError(msg)
+            if len(self.gold_indices) != len(self.gold):
+                count = len(self.gold_indices)
+                msg = f"`gold_indices` must have one index per gold score ({len(self.gold)}), got {count}."
+                raise InputError(msg)
+            if len(self.gold_indices) and int(self.gold_indices.max()) >= size:
+                msg = f"`gold_indices` must be < the batch size ({size}), got {int(self.gold_indices.max())}."
+                raise InputError(msg)
+        elif self.gold is not None and len(self.gold) != size:
+            msg = (
+                f"`gold` must score the whole batch ({size}) unless `gold_indices` says which, "
+                f"got {len(self.gold)}."
+            )
+            raise InputError(msg)
+
+
+# ------------------------------------------------------------------------------------------------- Decision
+
+
+@attrs.frozen(kw_only=True)
+class Decision:
+    """What the Guard decided for one step, and why.
+
+    Attributes:
+        step: The observation's step.
+        verdict: ``"OK"``, ``"WARN"`` or ``"HACK"`` (the vote against ``warn_level``/``hack_level``).
+        vote: The combined hack score in [0, 1].
+        scores: Per-signal score in [0, 1] after smoothing (signals that ran this step).
+        action: ``"none"``, ``"raise_beta"``, ``"lower_beta"``, ``"rollback"`` or ``"stop"``.
+        beta_before: The KL coefficient before this step's decision (None when unknown in ``log_only``).
+        beta_after: The KL coefficient to use from now on.
+        explanation: Plain English with the numbers: what tripped, what was done, what the user can change.
+        raw: The raw statistics measured this step, keyed ``"<signal>.<statistic>"``.
+        components: The controller's and ladder's numbers behind the action.
+        notes: One-time notes of this step (a default signal skipped for a missing input, a detector failure).
+        warming_up: True while the Guard is still collecting its warm-up baselines.
+    """
+
+    step: int
+    verdict: Verdict
+    vote: float
+    scores: dict[str, float]
+    action: Action
+    beta_before: float | None
+    beta_after: float | None
+    explanation: str
+    raw: dict[str, float] = attrs.field(factory=dict)
+    components: dict[str, float] = attrs.field(factory=dict)
+    notes: tuple[str, ...] = ()
+    warming_up: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the decision as plain JSON types (for logs and metrics)."""
+        return attrs.asdict(self, recurse=False) | {"notes": list(self.notes)}
+
+
+# -------------------------------------------------------------------------------------------------- Guard
+
+
+@attrs.define
+class _DetectorMemory:
+    warm: dict[str, list[float]] = attrs.field(factory=dict)
+    baseline: dict[str, list[float]] | None = None  # metric -> [median, scale]
+    recent: list[float] = attrs.field(factory=list)
+    score: float = 0.0
+    smoothed: float = 0.0
+    memory: dict[str, Any] = attrs.field(factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self, recurse=False)
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "unset"
+    return f"{value:.4g}"
+
+
+class Guard:
+    """Turn observations of training steps into decisions: verdict, beta, rollback or stop, and why.
+
+    Args:
+        signals: Signal names or detector configs from :mod:`loopguard.detectors` (``"repetition"``,
+            ``"diversity"``, ``"length"``, ``"collapse"``, ``"drift"``, ``"rm_ensemble"``, ``"info_rm"``,
+            ``"gold"``). ``None`` uses the signals every trainer can feed: repetition, diversity, length,
+            collapse and drift; a default signal whose input is missing in a step is skipped for that step
+            (noted once). A signal named explicitly must be configurable (e.g. ``InfoRM`` needs an embedding
+            source), which is checked here.
+        mode: ``"log_only"`` (never acts, unless ``halt_on_hack``), ``"kl_control"`` (:class:`BangBang`),
+            ``"pid_lagrangian"`` (:class:`PIDLagrangian`) or ``"adaptive_kl"`` (:class:`AdaptiveKL`, driven by
+            ``Observation.kl`` with ``n_steps`` = the batch size, as old TRL and verl do; it acts from the
+            first step, while the hack signals are still warming up).
+        controller: A configured controller of the mode's type; the mode's default otherwise.
+        ladder: An :class:`EscalationLadder` adding the rollback and stop rungs; ``None`` keeps only the
+            raise-beta rung. Not allowed with ``log_only``.
+        halt_on_hack: Stop on the first HACK verdict, in every mode.
+        smoothing: Per-signal score smoothing over steps: ``"median"`` (of the last ``smoothing_window``
+            scores; default), ``"ema"`` (weight ``ema_alpha`` on the new score) or ``"none"``.
+        vote: How signal scores combine: ``"mean"``, ``"max"``, ``"k_of_n"`` (the ``vote_k``-th largest) or
+            ``"conservative"`` (the max when the scores disagree by more than ``vote_tolerance``, else the
+            mean; default).
+        warmup_steps: Steps used to learn each signal's baseline (median and MAD); no action before.
+        beta: The user's starting KL coefficient; taken from the first ``Observation.beta`` when omitted.
+        warn_level: Vote at which the verdict is WARN.
+        hack_level: Vote at which the verdict is HACK.
+        sigma_warn: Noise floor of the WARN band, in warm-up noise scales.
+        sigma_hack: Noise floor of the HACK band, in warm-up noise scales.
+        drift_guard: Keep the vote from falling while the reward distribution degenerates (drift signal).
+
+    Raises:
+        ConfigError, LoopguardTypeError: a bad argument, an unknown signal, ``halt_on_hack`` without a
+            detector, a controller or ladder that the mode would silently ignore.
+    """
+
+    def __init__(
+        self,
+        signals: Sequence[str | Detector] | None = None,
+        *,
+        mode: Mode = "kl_control",
+        controller: BangBang | PIDLagrangian | AdaptiveKL | None = None,
+        ladder: EscalationLadder | None = None,
+        halt_on_hack: bool = False,
+        smoothing: Smoothing = "median",
+        smoothing_window: int = 3,
+        ema_alpha: float = 0.5,
+        vote: VoteRule = "conservative",
+        vote_tolerance: float = 0.2,
+        vote_k: int = 2,
+        warmup_steps: int = 20,
+        beta: float | None = None,
+        warn_level: float = WARN_LEVEL,
+        hack_level: float = HACK_LEVEL,
+        sigma_warn: float = 3.0,
+        sigma_hack: float = 5.0,
+        drift_guard: bool = True,
+    ) -> None:
+        """Validate the configuration eagerly (see the class docstring)."""
+        self.mode: Mode = check_choice("mode", mode, get_args(Mode))  # type: ignore[assignment]
+        self.detectors: tuple[Detector, ...] = as_detectors(signals)
+        self.halt_on_hack = check_bool("halt_on_hack", halt_on_hack)
+        self.smoothing: Smoothing = check_choice("smoothing", smoothing, get_args(Smoothing))  # type: ignore[assignment]
+        self.smoothing_window = check_int("smoothing_window", smoothing_window, lo=1, hi=1000)
+        self.ema_alpha = check_real("ema_alpha", ema_alpha, lo=0.0, hi=1.0, lo_inclusive=False)
+        self.vote: VoteRule = check_choice("vote", vote, get_args(VoteRule))  # type: ignore[assignment]
+        self.vote_tolerance = check_real("vote_tolerance", vote_tolerance, lo=0.0, hi=1.0)
+        self.vote_k = check_int("vote_k", vote_k, lo=1, hi=64)
+        self.warmup_steps = check_int("warmup_steps", warmup_steps, lo=3, hi=1_000_000)
+        self.warn_level = check_real("warn_level", warn_level, lo=0.0, hi=1.0, lo_inclusive=False)
+        self.hack_level = check_real("hack_level", hack_level, lo=0.0, hi=1.0, lo_inclusive=False)
+        if self.hack_level <= self.warn_level:
+            msg = f"`hack_level` must be > warn_level ({self.warn_level}), got {self.hack_level}."
+            raise ConfigError(msg)
+        self.sigma_warn = check_real("sigma_warn", sigma_warn, lo=0.0)
+        self.sigma_hack = check_real("sigma_hack", sigma_hack, lo=0.0)
+        if self.sigma_hack < self.sigma_warn:
+            msg = f"`sigma_hack` must be >= sigma_warn ({self.sigma_warn}), got {self.sigma_hack}."
+            raise ConfigError(msg)
+        self.drift_guard = check_bool("drift_guard", drift_guard)
+        self.base_beta = None if beta is None else _config_beta(beta)
+
+        voters = [d for d in self.detectors if d.role != "guard"]
+        if self.halt_on_hack and not any(d.role == "primary" for d in voters):
+            msg = (
+                "`halt_on_hack` needs at least one detector that can trip on its own "
+                "(repetition, diversity, rm_ensemble, info_rm or gold), got signals "
+                f"{[d.name for d in self.detectors]}."
+            )
+            raise ConfigError(msg)
+        if self.mode == "log_only":
+            for name, value in (("controller", controller), ("ladder", ladder)):
+                if value is not None:
+                    msg = f"`{name}` must be None with mode='log_only' (log_only never acts), got {value!r}."
+                    raise ConfigError(msg)
+            self.controller: BangBang | PIDLagrangian | AdaptiveKL | None = None
+        else:
+            expected = _CONTROLLERS[self.mode]
+            if controller is None:
+                controller = expected()
+            elif not isinstance(controller, expected):
+                msg = (
+                    f"`controller` must be a {expected.__name__} for mode={self.mode!r}, "
+                    f"got {type(controller).__name__}."
+                )
+                raise LoopguardTypeError(msg)
+            self.controller = controller
+            if self.base_beta is not None:
+                controller.init(self.base_beta)  # validates the beta against the controller's bounds
+        if ladder is not None and not isinstance(ladder, EscalationLadder):
+            msg = f"`ladder` must be an EscalationLadder or None, got {type(ladder).__name__}."
+            raise LoopguardTypeError(msg)
+        self.ladder = ladder
+        self._reset_state()
+
+    # ----------------------------------------------------------------------------------------- state
+
+    def _reset_state(self) -> None:
+        self._seen = 0
+        self._memories = {d.name: _DetectorMemory() for d in self.detectors}
+        self._vote = 0.0
+        self._controller_state: Any = None
+        self._ladder_state: LadderState | None = None if self.ladder is None else self.ladder.init()
+        self._beta: float | None = self.base_beta
+        self._beta_history: list[list[float]] = []
+        self._said: set[str] = set()
+        self._stopped_reason: str | None = None
+        self._warned: set[str] = set()
+
+    def _fingerprint(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "signals": [d.name for d in self.detectors],
+            "warmup_steps": self.warmup_steps,
+            "vote": self.vote,
+            "smoothing": self.smoothing,
+            "ladder": self.ladder is not None,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the Guard's memory as plain JSON types (no arrays, no pickle).
+
+        Example:
+            >>> import json
+            >>> json.loads(json.dumps(Guard(mode="log_only").state_dict()))["version"]
+            1
+        """
+        return {
+            "version": STATE_VERSION,
+            "config": self._fingerprint(),
+            "seen": self._seen,
+            "detectors": {name: memory.to_dict() for name, memory in self._memories.items()},
+            "vote": self._vote,
+            "controller": None if self._controller_state is None else self._controller_state.to_dict(),
+            "ladder": None if self._ladder_state is None else self._ladder_state.to_dict(),
+            "beta": self._beta,
+            "beta_history": [list(entry) for entry in self._beta_history],
+            "said": sorted(self._said),
+            "stopped_reason": self._stopped_reason,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore memory saved by :meth:`state_dict` of a Guard with the same configuration.
+
+        Raises:
+            LoopguardTypeError: ``state`` is not a mapping.
+            ConfigError: another state version, or a Guard configured differently (the message names the
+                field that differs), or a malformed payload.
+        """
+        if not isinstance(state, Mapping):
+            msg = f"`state` must be a dict from Guard.state_dict(), got {type(state).__name__}."
+            raise LoopguardTypeError(msg)
+        if state.get("version") != STATE_VERSION:
+            msg = f"`state['version']` must be {STATE_VERSION}, got {state.get('version')!r}."
+            raise ConfigError(msg)
+        saved, current = state.get("config", {}), self._fingerprint()
+        for key, value in current.items():
+            if saved.get(key) != value:
+                msg = (
+                    f"`state` was saved by a Guard with {key}={saved.get(key)!r}, "
+                    f"but this Guard has {key}={value!r}."
+                )
+                raise ConfigError(msg)
+        try:
+            state = json.loads(json.dumps(state))  # a deep, JSON-only copy: no aliasing with the caller
+            memories = {
+                name: _DetectorMemory(**state["detectors"][name]) for name in (d.name for d in self.detectors)
+            }
+            controller_state = None
+            if state["controller"] is not None:
+                controller_state = _STATES[self.mode].from_dict(state["controller"])
+            ladder_state = None if state["ladder"] is None else LadderState.from_dict(state["ladder"])
+            seen = check_int("state['seen']", state["seen"], lo=0)
+            vote = check_real("state['vote']", state["vote"], lo=0.0, hi=1.0)
+            beta = None if state["beta"] is None else _config_beta(state["beta"])
+        except (KeyError, TypeError) as error:
+            msg = f"`state` must be a dict from Guard.state_dict(), got a malformed payload ({error!r})."
+            raise ConfigError(msg) from None
+        self._seen, self._memories, self._vote = seen, memories, vote
+        self._controller_state, self._ladder_state, self._beta = controller_state, ladder_state, beta
+        self._beta_history = [list(entry) for entry in state["beta_history"]]
+        self._said = set(state["said"])
+        self._stopped_reason = state["stopped_reason"]
+
+    @property
+    def beta(self) -> float | None:
+        """The KL coefficient the Guard currently wants (None until known in ``log_only``)."""
+        return self._beta
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the Guard has decided to stop the run (terminal)."""
+        return self._stopped_reason is not None
+
+    # ------------------------------------------------------------------------------------------ step
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _note_once(self, key: str, message: str, notes: list[str]) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            notes.append(message)
+
+    def _measure(self, detector: Detector, data: StepData, notes: list[str]) -> dict[str, float] | None:
+        memory = self._memories[detector.name]
+        try:
+            raw = detector.measure(data, memory.memory)
+        except Exception as error:  # a detector must never take training down; skip it and say so once
+            message = f"signal {detector.name!r} failed and was skipped: {type(error).__name__}: {error}"
+            self._warn_once(f"fail:{detector.name}", message)
+            self._note_once(f"fail:{detector.name}", message, notes)
+            return None
+        if raw is None:
+            self._note_once(
+                f"skip:{detector.name}",
+                f"signal {detector.name!r} skipped: this step has no {detector.needs}",
+                notes,
+            )
+            return None
+        finite = {key: value for key, value in raw.items() if math.isfinite(value)}
+        return finite
+
+    def _score(self, detector: Detector, raw: dict[str, float], warming: bool) -> float | None:
+        """Update the detector's warm-up buffer or score against its baseline; None while warming."""
+        memory = self._memories[detector.name]
+        if memory.baseline is None:
+            for key, value in raw.items():
+                memory.warm.setdefault(key, []).append(value)
+            counts = [len(memory.warm.get(metric.key, [])) for metric in detector.metrics()]
+            if warming or max(counts, default=0) < 3:
+                return None
+            memory.baseline = {}
+            for metric in detector.metrics():
+                values = memory.warm.get(metric.key, [])
+                if len(values) >= 3:
+                    median = float(np.median(values))
+                    scale = 1.4826 * float(np.median(np.abs(np.asarray(values) - median)))
+                    memory.baseline[metric.key] = [median, scale]
+            memory.warm = {}
+            return None
+        scores: dict[str, float] = {}
+        for metric in detector.metrics():
+            if metric.key in raw and metric.key in memory.baseline:
+                median, scale = memory.baseline[metric.key]
+                scores[metric.key] = metric.score(
+                    raw[metric.key], median, scale, sigma_warn=self.sigma_warn, sigma_hack=self.sigma_hack
+                )
+        if not scores:
+            return None
+        baselines = {key: (value[0], value[1]) for key, value in memory.baseline.items()}
+        return float(detector.combine(scores, raw, baselines))
+
+    def _smooth(self, memory: _DetectorMemory, score: float) -> float:
+        memory.score = score
+        if self.smoothing == "none":
+            memory.smoothed = score
+        elif self.smoothing == "ema":
+            memory.smoothed = (
+                score
+                if not memory.recent
+                else (self.ema_alpha * score + (1.0 - self.ema_alpha) * memory.smoothed)
+            )
+            memory.recent = [score]
+        else:
+            memory.recent = [*memory.recent, score][-self.smoothing_window :]
+            memory.smoothed = float(np.median(memory.recent))
+        return memory.smoothed
+
+    def _combine(self, scores: dict[str, float]) -> float:
+        by_role = {d.name: d.role for d in self.detectors}
+        primary = [s for name, s in scores.items() if by_role[name] == "primary"]
+        voting = list(primary)
+        if max(primary, default=0.0) >= self.warn_level:
+            voting += [s for name, s in scores.items() if by_role[name] == "corroborating"]
+        if not voting:
+            return 0.0
+        if self.vote == "mean":
+            return float(np.mean(voting))
+        if self.vote == "max":
+            return max(voting)
+        if self.vote == "k_of_n":
+            ordered = sorted(voting, reverse=True)
+            return ordered[min(self.vote_k, len(ordered)) - 1]
+        spread = max(voting) - min(voting)
+        return max(voting) if spread > self.vote_tolerance else float(np.mean(voting))
+
+    def step(self, observation: Observation, *, can_rollback: bool = True) -> Decision:
+        """Observe one training step and decide.
+
+        Args:
+            observation: What the step produced.
+            can_rollback: Whether a good checkpoint exists to roll back to (the ladder's rollback rung).
+
+        Returns:
+            The :class:`Decision` for this step. After a ``"stop"``, every later step returns ``"stop"``.
+
+        Raises:
+            LoopguardTypeError: ``observation`` is not an :class:`Observation`.
+            InputError: a KL-changing mode has no starting beta (neither ``Guard(beta=...)`` nor
+                ``Observation.beta``).
+        """
+        if not isinstance(observation, Observation):
+            msg = f"`observation` must be an Observation, got {type(observation).__name__}."
+            raise LoopguardTypeError(msg)
+        can_rollback = check_bool("can_rollback", can_rollback)
+        self._init_beta(observation)
+        beta_before = self._beta
+        notes: list[str] = []
+        if self._stopped_reason is not None:
+            return self._decision(
+                observation, "HACK", self._vote, {}, "stop", beta_before, self._stopped_reason
+            )
+
+        self._seen += 1
+        warming = self._seen <= self.warmup_steps
+        data = StepData(observation, warmup_steps=self.warmup_steps)
+        scores: dict[str, float] = {}
+        raw_all: dict[str, float] = {}
+        for detector in self.detectors:
+            raw = self._measure(detector, data, notes)
+            memory = self._memories[detector.name]
+            if raw is None:
+                if detector.holds and memory.baseline is not None and memory.recent:
+                    scores[detector.name] = memory.smoothed  # a periodic audit: the last score stands
+                continue
+            raw_all.update({f"{detector.name}.{key}": value for key, value in raw.items()})
+            score = self._score(detector, raw, warming)
+            if score is not None:
+                scores[detector.name] = self._smooth(memory, score)
+        if self._seen == self.warmup_steps:
+            for detector in self.detectors:
+                detector.on_warmup_end(self._memories[detector.name].memory)
+
+        previous_vote = self._vote
+        vote = self._combine({k: v for k, v in scores.items() if self._role(k) != "guard"})
+        drift_held = False
+        if self.drift_guard and scores.get("drift", 0.0) >= self.hack_level and vote < previous_vote:
+            vote, drift_held = previous_vote, True
+        self._vote = vote
+        verdict: Verdict = "HACK" if vote >= self.hack_level else "WARN" if vote >= self.warn_level else "OK"
+
+        if warming and self.mode != "adaptive_kl":
+            verdict = "OK"
+            text = f"step {observation.step}: warming up ({self._seen}/{self.warmup_steps} steps); no action."
+            return self._decision(
+                observation, verdict, vote, scores, "none", beta_before, text, raw_all, {}, notes, True
+            )
+        return self._act(
+            observation, verdict, vote, scores, raw_all, notes, beta_before, can_rollback, drift_held, warming
+        )
+
+    def _role(self, name: str) -> str:
+        return next(d.role for d in self.detectors if d.name == name)
+
+    def _init_beta(self, observation: Observation) -> None:
+        if self._beta is None and observation.beta is not None:
+            self._beta = self.base_beta = observation.beta
+        if self.controller is not None and self._controller_state is None:
+            if self._beta is None:
+                msg = (
+                    f"mode={self.mode!r} needs the starting beta: pass Guard(beta=...) or "
+                    "Observation(beta=...) on the first step."
+                )
+                raise InputError(msg)
+            self._controller_state = self.controller.init(self._beta)
+            self._beta_history = [[observation.step, self._beta]]
+
+    def _act(
+        self,
+        observation: Observation,
+        verdict: Verdict,
+        vote: float,
+        scores: dict[str, float],
+        raw: dict[str, float],
+        notes: list[str],
+        beta_before: float | None,
+        can_rollback: bool,
+        drift_held: bool,
+        warming: bool,
+    ) -> Decision:
+        hacking = verdict == "HACK" and not warming
+        ladder_out: LadderOutput | None = None
+        if self.ladder is not None and self._ladder_state is not None:
+            ladder_out, self._ladder_state = self.ladder.update(
+                self._ladder_state, hacking=hacking, can_rollback=can_rollback
+            )
+        control_out = self._control(observation, vote, ladder_out, notes)
+        if control_out is not None:
+            self._beta = control_out.beta
+            if self._beta != beta_before:
+                self._beta_history = [*self._beta_history, [observation.step, self._beta]][
+                    -_MAX_BETA_HISTORY:
+                ]
+
+        action: Action = "none"
+        if self.halt_on_hack and hacking:
+            action = "stop"
+        elif ladder_out is not None and ladder_out.action in ("stop", "rollback"):
+            action = ladder_out.action
+        elif control_out is not None and control_out.direction != "hold":
+            action = "raise_beta" if control_out.direction == "raise" else "lower_beta"
+
+        components: dict[str, float] = {}
+        if control_out is not None:
+            components.update({f"controller.{k}": v for k, v in control_out.components.items()})
+        if ladder_out is not None:
+            components.update({f"ladder.{k}": v for k, v in ladder_out.components.items()})
+        if action == "rollback":
+            for memory in self._memories.values():  # do not smooth post-rollback steps with hacked scores
+                memory.recent, memory.smoothed = [], 0.0
+            self._vote = 0.0
+        text = self._explain(
+            observation, verdict, vote, scores, raw, action, control_out, ladder_out, drift_held
+        )
+        if action == "stop":
+            self._stopped_reason = text
+        return self._decision(
+            observation, verdict, vote, scores, action, beta_before, text, raw, components, notes, warming
+        )
+
+    def _control(
+        self, observation: Observation, vote: float, ladder_out: LadderOutput | None, notes: list[str]
+    ) -> ControlOutput | None:
+        if self.controller is None:
+            return None
+        allow_lower = ladder_out is None or not ladder_out.in_cooldown
+        state = self._controller_state
+        if isinstance(self.controller, AdaptiveKL):
+            if observation.kl is None:
+                self._note_once("skip:kl", "adaptive_kl holds beta: this step has no kl", notes)
+                return None
+            # KL estimates (k1) can dip below 0 on a batch; the controller wants a divergence (>= 0).
+            # n_steps is the batch size, as in old TRL's AdaptiveKLController and verl.
+            kl = max(0.0, observation.kl)
+            output, state = self.controller.update(
+                state, kl, len(observation.rewards), allow_lower=allow_lower
+            )
+        else:
+            output, state = self.controller.update(state, vote, allow_lower=allow_lower)
+        self._controller_state = state
+        return output
+
+    # ----------------------------------------------------------------------------------- explanation
+
+    def _signal_phrases(self, scores: dict[str, float], raw: dict[str, float], limit: int = 3) -> list[str]:
+        phrases = []
+        for name, score in sorted(scores.items(), key=lambda item: -item[1])[:limit]:
+            if score < 0.05:
+                continue
+            detector = next(d for d in self.detectors if d.name == name)
+            baseline = self._memories[name].baseline or {}
+            details = []
+            for metric in detector.metrics():
+                key = f"{name}.{metric.key}"
+                if key in raw and metric.key in baseline:
+                    details.append(
+                        f"{metric.key} {metric.unit.format(raw[key])} vs baseline "
+                        f"{metric.unit.format(baseline[metric.key][0])}"
+                    )
+            detail = f" ({'; '.join(details)})" if details else ""
+            phrases.append(f"{name} {score:.2f}{detail}")
+        return phrases
+
+    def _explain(
+        self,
+        observation: Observation,
+        verdict: Verdict,
+        vote: float,
+        scores: dict[str, float],
+        raw: dict[str, float],
+        action: Action,
+        control_out: ControlOutput | None,
+        ladder_out: LadderOutput | None,
+        drift_held: bool,
+    ) -> str:
+        level = {"HACK": self.hack_level, "WARN": self.warn_level}.get(verdict)
+        head = f"step {observation.step}: {verdict} (vote {vote:.2f}"
+        head += f" >= {level:.2f})" if level is not None else ")"
+        phrases = self._signal_phrases(scores, raw)
+        parts = [head + (": " + ", ".join(phrases) if phrases and verdict != "OK" else "") + "."]
+        if drift_held:
+            parts.append(
+                "The reward distribution is degenerating (drift), so the vote was held, not lowered."
+            )
+        if action == "stop":
+            parts.append(self._give_up(verdict, ladder_out, scores))
+        elif action == "rollback" and ladder_out is not None:
+            parts.append(f"Rolling back to the last good checkpoint: {ladder_out.reason}.")
+        if control_out is not None and control_out.direction != "hold":
+            parts.append(control_out.reason[:1].upper() + control_out.reason[1:] + ".")
+        elif action == "none" and verdict != "OK" and self.mode == "log_only":
+            parts.append("log_only: no action taken.")
+        return " ".join(parts)
+
+    def _give_up(self, verdict: Verdict, ladder_out: LadderOutput | None, scores: dict[str, float]) -> str:
+        if self.halt_on_hack and verdict == "HACK":
+            why = "Stopping the run: halt_on_hack is set and the verdict is HACK."
+        else:
+            reason = ladder_out.reason if ladder_out else "the ladder reached its last rung"
+            why = f"Stopping the run: {reason}."
+        history = " -> ".join(f"{_fmt(beta)} (step {int(step)})" for step, beta in self._beta_history[-6:])
+        rollbacks = ""
+        if self._ladder_state is not None and self.ladder is not None:
+            rollbacks = (
+                f" Rollbacks tried: {self._ladder_state.total_rollbacks} of {self.ladder.max_rollbacks}."
+            )
+        top = [
+            name
+            for name, _ in sorted(scores.items(), key=lambda item: -item[1])
+            if scores[name] >= self.warn_level
+        ]
+        advice = [next(d for d in self.detectors if d.name == name).advice for name in top[:2]]
+        ceiling = getattr(self.controller, "beta_ceil", None)
+        generic = "lower the learning rate"
+        if ceiling is not None:
+            generic = f"raise beta_ceil (now {_fmt(ceiling)}) or the starting beta, or {generic}"
+        fix = "; ".join([*advice, generic])
+        beta_text = f" Beta history: {history}." if history else ""
+        return f"{why}{beta_text}{rollbacks} What you can change: {fix}."
+
+    def _decision(
+        self,
+        observation: Observation,
+        verdict: Verdict,
+        vote: float,
+        scores: dict[str, float],
+        action: Action,
+        beta_before: float | None,
+        explanation: str,
+        raw: dict[str, float] | None = None,
+        components: dict[str, float] | None = None,
+        notes: list[str] | None = None,
+        warming: bool = False,
+    ) -> Decision:
+        return Decision(
+            step=observation.step,
+            verdict=verdict,
+            vote=float(vote),
+            scores=dict(scores),
+            action=action,
+            beta_before=beta_before,
+            beta_after=self._beta,
+            explanation=explanation,
+            raw=dict(raw or {}),
+            components=dict(components or {}),
+            notes=tuple(notes or ()),
+            warming_up=warming,
+        )
+
+
+def _config_beta(value: object) -> float:
+    beta = check_real("beta", value, lo=0.0, lo_inclusive=False)
+    return beta

@@ -1,0 +1,440 @@
+import json
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from loopguard import (
+    AdaptiveKL,
+    BangBang,
+    ConfigError,
+    EscalationLadder,
+    GoldAudit,
+    Guard,
+    InfoRM,
+    InputError,
+    LoopguardTypeError,
+    Observation,
+    PIDLagrangian,
+    RMEnsemble,
+)
+
+WORDS = [f"w{i}" for i in range(200)]
+B, G = 32, 4
+
+
+def healthy(step, rng, *, beta=None, **extra):
+    texts = [" ".join(rng.choice(WORDS, size=16)) for _ in range(B)]
+    return Observation(step, rng.normal(size=B), completions=texts, group_size=G, beta=beta, **extra)
+
+
+def looping(step, rng, share=1.0, **extra):
+    texts = [" ".join(rng.choice(WORDS, size=16)) for _ in range(B)]
+    for i in range(int(share * B)):
+        texts[i] = "x y " * 8
+    return Observation(step, rng.normal(size=B), completions=texts, group_size=G, **extra)
+
+
+def run(guard, observations):
+    return [guard.step(obs) for obs in observations]
+
+
+# ----------------------------------------------------------------------------------------- Observation
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"completions": ["a"] * 3}, InputError, "`completions` must have one entry per reward (4), got 3."),
+        ({"lengths": [1, 2]}, InputError, "`lengths` must have one entry per reward (4), got 2."),
+        ({"group_size": 3}, InputError, "`group_size` must divide the batch size (4), got 3."),
+        ({"group_size": 1}, ConfigError, "`group_size` must be in [2, 100000], got 1."),
+        ({"group_size": True}, LoopguardTypeError, "`group_size` must be an integer (not bool), got True."),
+        ({"beta": 0.0}, InputError, "`beta` must be > 0"),
+        ({"kl": float("nan")}, InputError, "`kl` must be finite, got nan."),
+        ({"entropy": -1.0}, InputError, "`entropy` must be >= 0, got -1.0."),
+        ({"completions": "a b c"}, LoopguardTypeError, "`completions` must be a list of strings"),
+        ({"completions": [{"role": "assistant", "content": "x"}] * 4}, LoopguardTypeError, "`completions[0]` must be a string"),
+        ({"ensemble_scores": np.zeros((2, 3))}, InputError, "`ensemble_scores` must have one entry per reward (4), got 3."),
+        ({"gold": [1.0, 2.0]}, InputError, "`gold` must score the whole batch (4) unless `gold_indices` says which, got 2."),
+        ({"gold_indices": [0]}, InputError, "`gold_indices` must come with `gold` scores, got gold=None."),
+        ({"gold": [1.0], "gold_indices": [4]}, InputError, "`gold_indices` must be < the batch size (4), got 4."),
+        (
+            {"embeddings": np.zeros((4, 3)), "reference_embeddings": np.zeros((5, 2))},
+            InputError,
+            "`embeddings` and `reference_embeddings` must have the same dimension, got 3 and 2.",
+        ),
+    ],
+)
+def test_observation_rejects_bad_fields(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        Observation(0, [0.0, 1.0, 0.0, 1.0], **kwargs)
+
+
+def test_observation_rejects_bad_rewards_and_step():
+    with pytest.raises(InputError, match=re.escape("`rewards` must be finite, got nan at index (1,).")):
+        Observation(0, [0.0, float("nan")])
+    with pytest.raises(ConfigError, match=re.escape("`step` must be >= 0, got -1.")):
+        Observation(-1, [0.0])
+
+
+# ------------------------------------------------------------------------------------------- construction
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"signals": ["repetition", "echo"]}, ConfigError, "`signals` must name known signals ("),
+        ({"signals": "repetition"}, LoopguardTypeError, "`signals` must be a list of signal names"),
+        ({"signals": ["length", "length"]}, ConfigError, "`signals` must name each signal once, got length more than once."),
+        ({"signals": ["info_rm"]}, ConfigError, "signal 'info_rm' needs embeddings: pass InfoRM(embed_fn=...)"),
+        ({"signals": [RMEnsemble(members=2)], "mode": "pid"}, ConfigError, "`mode` must be one of 'adaptive_kl', 'kl_control', 'log_only', 'pid_lagrangian', got 'pid'."),
+        ({"signals": ["drift", "length"], "halt_on_hack": True}, ConfigError, "`halt_on_hack` needs at least one detector that can trip on its own"),
+        ({"signals": [], "halt_on_hack": True}, ConfigError, "`halt_on_hack` needs at least one detector"),
+        ({"mode": "log_only", "ladder": EscalationLadder()}, ConfigError, "`ladder` must be None with mode='log_only' (log_only never acts)"),
+        ({"mode": "log_only", "controller": BangBang()}, ConfigError, "`controller` must be None with mode='log_only'"),
+        ({"mode": "kl_control", "controller": PIDLagrangian()}, LoopguardTypeError, "`controller` must be a BangBang for mode='kl_control', got PIDLagrangian."),
+        ({"warmup_steps": True}, LoopguardTypeError, "`warmup_steps` must be an integer (not bool), got True."),
+        ({"warmup_steps": 2}, ConfigError, "`warmup_steps` must be in [3, 1000000], got 2."),
+        ({"vote": "median"}, ConfigError, "`vote` must be one of 'conservative', 'k_of_n', 'max', 'mean', got 'median'."),
+        ({"smoothing": "kalman"}, ConfigError, "`smoothing` must be one of 'ema', 'median', 'none', got 'kalman'."),
+        ({"warn_level": 0.4}, ConfigError, "`hack_level` must be > warn_level (0.4), got 0.3."),
+        ({"beta": 0.0}, ConfigError, "`beta` must be > 0, got 0.0."),
+        ({"beta": float("inf")}, ConfigError, "`beta` must be finite, got inf."),
+        ({"beta": 2.0}, ConfigError, "beta"),
+        ({"ladder": "yes"}, LoopguardTypeError, "`ladder` must be an EscalationLadder or None, got str."),
+    ],
+)
+def test_misconfiguration_fails_at_construction(kwargs, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        Guard(**kwargs)
+
+
+def test_detector_configs_validate():
+    with pytest.raises(ConfigError, match=re.escape("`members` of rm_ensemble must be at least 2 reward models, got 1.")):
+        RMEnsemble(members=1)
+    with pytest.raises(ConfigError, match=re.escape("at least 2 reward models, got ('rm_a',).")):
+        RMEnsemble(members=("rm_a",))
+    with pytest.raises(LoopguardTypeError, match=re.escape("`embed_fn` must be callable, got int.")):
+        InfoRM(embed_fn=3)
+    with pytest.raises(LoopguardTypeError, match=re.escape("`gold_fn` must be callable, got str.")):
+        GoldAudit(gold_fn="judge")
+
+
+def test_kl_mode_needs_a_starting_beta():
+    guard = Guard(mode="kl_control")
+    with pytest.raises(InputError, match=re.escape("mode='kl_control' needs the starting beta: pass Guard(beta=...)")):
+        guard.step(Observation(0, [0.0, 1.0]))
+    guard.step(Observation(0, [0.0, 1.0], beta=0.05))
+    assert guard.beta == 0.05
+
+
+# ------------------------------------------------------------------------------------------------ behaviour
+
+
+def test_warmup_takes_no_action_and_says_so():
+    rng = np.random.default_rng(0)
+    guard = Guard(beta=0.01, warmup_steps=10)
+    decisions = run(guard, [looping(step, rng) for step in range(10)])  # even an obvious loop: no baseline yet
+    assert all(d.warming_up and d.action == "none" and d.verdict == "OK" for d in decisions)
+    assert "warming up (10/10 steps)" in decisions[-1].explanation
+
+
+def test_healthy_noise_sees_no_action():
+    rng = np.random.default_rng(1)
+    guard = Guard(beta=0.01)
+    decisions = run(guard, [healthy(step, rng) for step in range(200)])
+    assert {d.action for d in decisions} == {"none"}
+    assert {d.verdict for d in decisions} <= {"OK", "WARN"}
+    assert sum(d.verdict == "WARN" for d in decisions) <= 4
+    assert decisions[-1].beta_after == 0.01
+
+
+def test_echo_trap_trips_and_raises_beta_with_numbers_in_the_explanation():
+    rng = np.random.default_rng(2)
+    guard = Guard(beta=0.01)
+    run(guard, [healthy(step, rng) for step in range(30)])
+    decisions = run(guard, [looping(step, rng, share=0.5) for step in range(30, 40)])
+    hacks = [d for d in decisions if d.verdict == "HACK"]
+    assert hacks, [d.explanation for d in decisions]
+    first_raise = next(d for d in decisions if d.action == "raise_beta")
+    assert first_raise.beta_after == pytest.approx(first_raise.beta_before * 1.5)
+    text = first_raise.explanation
+    assert "HACK" in text
+    assert "repetition" in text
+    assert "vs baseline" in text
+    assert re.search(r"[Rr]aised beta 0\.01 -> 0\.015", text), text
+    assert first_raise.scores["repetition"] >= 0.3
+    assert first_raise.raw["repetition.rate"] > 0.3
+
+
+def test_beta_relaxes_back_to_the_users_beta_and_never_below():
+    rng = np.random.default_rng(3)
+    guard = Guard(beta=0.02)
+    run(guard, [healthy(step, rng) for step in range(25)])
+    run(guard, [looping(step, rng) for step in range(25, 35)])
+    assert guard.beta > 0.02
+    decisions = run(guard, [healthy(step, rng) for step in range(35, 120)])
+    assert guard.beta == pytest.approx(0.02)
+    assert min(d.beta_after for d in decisions) >= 0.02
+    assert any(d.action == "lower_beta" for d in decisions)
+
+
+def test_log_only_never_acts_but_halt_on_hack_stops():
+    rng = np.random.default_rng(4)
+    quiet = Guard(mode="log_only")
+    loud = Guard(mode="log_only", halt_on_hack=True)
+    observations = [healthy(step, rng) for step in range(25)] + [looping(step, rng) for step in range(25, 35)]
+    quiet_decisions = run(quiet, observations)
+    loud_decisions = run(loud, observations)
+    assert {d.action for d in quiet_decisions} == {"none"}
+    assert any(d.verdict == "HACK" for d in quiet_decisions)
+    assert "log_only: no action taken." in next(d for d in quiet_decisions if d.verdict == "HACK").explanation
+    stop = next(d for d in loud_decisions if d.action == "stop")
+    assert "halt_on_hack is set" in stop.explanation
+    assert loud.stopped
+    later = loud.step(healthy(99, rng))
+    assert later.action == "stop"
+
+
+@pytest.mark.parametrize("mode", ["kl_control", "pid_lagrangian"])
+def test_halt_on_hack_is_never_silently_ignored(mode):
+    rng = np.random.default_rng(5)
+    guard = Guard(mode=mode, beta=0.01, halt_on_hack=True)
+    run(guard, [healthy(step, rng) for step in range(25)])
+    decisions = run(guard, [looping(step, rng) for step in range(25, 35)])
+    assert any(d.action == "stop" for d in decisions)
+
+
+def test_ladder_raises_then_rolls_back_then_gives_up_in_plain_english():
+    rng = np.random.default_rng(6)
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
+    guard = Guard(beta=0.01, ladder=ladder)
+    run(guard, [healthy(step, rng) for step in range(25)])
+    decisions = run(guard, [looping(step, rng) for step in range(25, 60)])
+    actions = [d.action for d in decisions]
+    assert "rollback" in actions
+    assert "stop" in actions
+    assert actions.index("raise_beta") < actions.index("rollback") < actions.index("stop")
+    stop = decisions[actions.index("stop")]
+    text = stop.explanation
+    assert "Stopping the run" in text
+    assert "Beta history: 0.01 (step 0) -> " in text
+    assert "Rollbacks tried: 1 of 1." in text
+    assert "What you can change:" in text
+    assert "repetition" in text
+    assert "raise beta_ceil (now 1)" in text
+
+
+def test_ladder_stops_without_rollback_when_no_checkpoint():
+    rng = np.random.default_rng(7)
+    guard = Guard(beta=0.01, ladder=EscalationLadder(rollback_patience=2, stop_patience=2))
+    run(guard, [healthy(step, rng) for step in range(25)])
+    decisions = [guard.step(looping(step, rng), can_rollback=False) for step in range(25, 45)]
+    actions = [d.action for d in decisions]
+    assert "rollback" not in actions
+    assert "stop" in actions
+
+
+def test_length_alone_does_not_trip():
+    rng = np.random.default_rng(8)
+    guard = Guard(beta=0.01)
+    for step in range(150):
+        lengths = rng.integers(10, 20, size=B) + (step // 2 if step > 30 else 0)  # answers grow ...
+        texts = [" ".join(rng.choice(WORDS, size=int(n))) for n in lengths]
+        rewards = 0.1 * lengths + rng.normal(scale=0.1, size=B) if step > 30 else rng.normal(size=B)
+        decision = guard.step(Observation(step, rewards, completions=texts, group_size=G))  # ... and pay
+        assert decision.action == "none", decision.explanation
+        assert decision.verdict != "HACK"
+    assert decision.raw["length.correlation"] > 0.8
+
+
+def test_success_on_whole_groups_is_not_collapse():
+    rng = np.random.default_rng(9)
+    guard = Guard(beta=0.01)
+    for step in range(150):
+        p = min(0.5 + step / 100, 1.0)  # binary rewards that climb to 100 % success
+        texts = [" ".join(rng.choice(WORDS, size=16)) for _ in range(B)]
+        rewards = (rng.random(B) < p).astype(float)
+        decision = guard.step(Observation(step, rewards, completions=texts, group_size=G))
+        assert decision.action == "none", decision.explanation
+    assert decision.raw["collapse.zero_std_groups"] == 1.0
+
+
+def test_gold_audit_flags_proxy_up_gold_down():
+    rng = np.random.default_rng(10)
+
+    def judge(prompts, completions):
+        return [-1.0 if "cheat" in text else 1.0 for text in completions]
+
+    guard = Guard(signals=[GoldAudit(gold_fn=judge, every=2, sample_size=16)], beta=0.01)
+    for step in range(60):
+        cheating = step >= 30
+        texts = [("cheat " if cheating and i % 2 else "") + " ".join(rng.choice(WORDS, size=8)) for i in range(B)]
+        rewards = rng.normal(size=B) + (2.0 if cheating else 0.0)
+        decision = guard.step(Observation(step, rewards, completions=texts, prompts=["p"] * B))
+        if step < 30:
+            assert decision.verdict == "OK"
+    assert decision.verdict == "HACK", decision.explanation
+    assert "gold" in decision.explanation
+
+
+def test_gold_falling_with_the_proxy_is_not_a_hack():
+    rng = np.random.default_rng(11)
+    guard = Guard(signals=["gold"], beta=0.01)
+    for step in range(60):
+        worse = 1.0 if step < 30 else 0.3
+        rewards = rng.normal(size=B) + worse
+        decision = guard.step(Observation(step, rewards, gold=rewards + rng.normal(scale=0.05, size=B)))
+        assert decision.verdict != "HACK", decision.explanation
+
+
+def test_rm_ensemble_disagreement_trips():
+    rng = np.random.default_rng(12)
+    guard = Guard(signals=[RMEnsemble(members=4)], beta=0.01)
+    for step in range(50):
+        rewards = rng.normal(size=B)
+        noise = 0.1 if step < 30 else 1.0
+        scores = rewards + rng.normal(scale=noise, size=(4, B))
+        decision = guard.step(Observation(step, rewards, ensemble_scores=scores))
+    assert decision.verdict == "HACK"
+    assert decision.action in ("raise_beta", "none")
+    assert decision.beta_after > 0.01
+
+
+def test_info_rm_pools_a_reference_and_flags_an_outlier_cluster():
+    rng = np.random.default_rng(13)
+    guard = Guard(signals=[InfoRM(from_observations=True)], beta=0.01)
+    verdicts = []
+    for step in range(45):
+        embeddings = rng.normal(size=(B, 8))
+        if step >= 30:
+            embeddings[: B // 2] = 6.0 + rng.normal(scale=0.1, size=(B // 2, 8))
+        verdicts.append(guard.step(Observation(step, rng.normal(size=B), embeddings=embeddings)).verdict)
+    assert set(verdicts[:30]) == {"OK"}
+    assert verdicts[-1] == "HACK"
+
+
+def test_adaptive_kl_follows_the_kl_and_holds_without_it():
+    guard = Guard(mode="adaptive_kl", controller=AdaptiveKL(target=0.1, horizon=10), beta=0.05)
+    decisions = [guard.step(Observation(step, [0.0, 1.0], kl=1.0)) for step in range(5)]
+    assert decisions[-1].beta_after > 0.05
+    held = guard.step(Observation(5, [0.0, 1.0]))
+    assert held.beta_after == decisions[-1].beta_after
+    assert "adaptive_kl holds beta: this step has no kl" in held.notes
+
+
+def test_missing_default_inputs_are_skipped_and_noted_once():
+    guard = Guard(beta=0.01)
+    first = guard.step(Observation(0, [0.0, 1.0]))
+    second = guard.step(Observation(1, [0.0, 1.0]))
+    assert any("signal 'repetition' skipped: this step has no completions or completion_ids" in n for n in first.notes)
+    assert any("signal 'collapse' skipped" in n for n in first.notes)
+    assert second.notes == ()
+
+
+def test_a_failing_detector_warns_once_and_training_goes_on():
+    calls = []
+
+    def broken(texts):
+        calls.append(1)
+        raise RuntimeError("encoder offline")
+
+    guard = Guard(signals=["repetition", InfoRM(embed_fn=broken)], beta=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = guard.step(Observation(0, [0.0, 1.0], completions=["a b", "c d"]))
+        guard.step(Observation(1, [0.0, 1.0], completions=["a b", "c d"]))
+    assert len(calls) == 2
+    assert [str(w.message) for w in caught] == [
+        "signal 'info_rm' failed and was skipped: RuntimeError: encoder offline"
+    ]
+    assert first.notes == ("signal 'info_rm' failed and was skipped: RuntimeError: encoder offline",)
+
+
+# ------------------------------------------------------------------------------------------------- state
+
+
+@pytest.mark.parametrize("mode", ["kl_control", "pid_lagrangian", "log_only"])
+def test_state_round_trip_gives_identical_future_decisions(mode):
+    rng = np.random.default_rng(14)
+    observations = [healthy(step, rng) for step in range(25)] + [
+        looping(step, rng, share=0.5) for step in range(25, 40)
+    ] + [healthy(step, rng) for step in range(40, 70)]
+    ladder = None if mode == "log_only" else EscalationLadder(rollback_patience=3, max_rollbacks=1)
+    beta = None if mode == "log_only" else 0.01
+    original = Guard(mode=mode, beta=beta, ladder=ladder, signals=None)
+    for obs in observations[:30]:
+        original.step(obs)
+    saved = json.loads(json.dumps(original.state_dict()))
+    restored = Guard(mode=mode, beta=beta, ladder=ladder)
+    restored.load_state_dict(saved)
+    for obs in observations[30:]:
+        assert original.step(obs).to_dict() == restored.step(obs).to_dict()
+
+
+def test_load_state_refuses_another_configuration():
+    saved = Guard(beta=0.01).state_dict()
+    with pytest.raises(ConfigError, match=re.escape("`state` was saved by a Guard with mode='kl_control', but this Guard has mode='pid_lagrangian'.")):
+        Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
+    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 1, got 7.")):
+        Guard(beta=0.01).load_state_dict({**saved, "version": 7})
+    with pytest.raises(ConfigError, match="malformed payload"):
+        Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})
+    with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be a dict from Guard.state_dict(), got list.")):
+        Guard(beta=0.01).load_state_dict([])
+
+
+# ------------------------------------------------------------------------------------------- closed loop
+
+
+def _plant_run(mode, steps=300, seed=0, stop_paying_at=None):
+    """Hack pressure grows while beta is low; that share of the batch falls into an echo loop.
+
+    p_{t+1} = clip(p_t + push_t - 0.04 * log(beta_t / beta_0), 0, 1) from step 40, where push_t = 0.03 (the hack
+    pays) until ``stop_paying_at`` and -0.01 after it.
+    """
+    rng = np.random.default_rng(seed)
+    guard = Guard(mode=mode, beta=0.01)
+    pressure, history = 0.0, []
+    for step in range(steps):
+        if step >= 40:
+            push = 0.03 if stop_paying_at is None or step < stop_paying_at else -0.01
+            pressure = float(np.clip(pressure + push - 0.04 * np.log(guard.beta / 0.01), 0.0, 1.0))
+        texts = [" ".join(rng.choice(WORDS, size=16)) for _ in range(B)]
+        for i in range(round(pressure * B)):
+            texts[i] = "x y " * 8
+        decision = guard.step(Observation(step, rng.normal(size=B), completions=texts, group_size=G))
+        history.append((pressure, decision.vote, decision.beta_after))
+    return np.array(history)
+
+
+@pytest.mark.parametrize("mode", ["kl_control", "pid_lagrangian"])
+def test_closed_loop_ends_a_hack_episode_and_returns_beta_to_the_users_value(mode):
+    history = _plant_run(mode, stop_paying_at=150)
+    pressure, vote, beta = history.T
+    assert vote[40:150].max() >= 0.30  # the hack did trip the Guard
+    assert beta[40:150].max() > 0.01  # and beta went up
+    assert vote[180:].max() < 0.30  # below the trip band soon after, and kept there
+    assert pressure[-100:].max() == 0.0
+    assert beta[-1] == pytest.approx(0.01)  # back at the user's beta, never below
+    assert beta.min() >= 0.01
+
+
+@pytest.mark.parametrize("mode", ["kl_control", "pid_lagrangian"])
+def test_closed_loop_contains_persistent_hack_pressure(mode):
+    # Unguarded, the pressure of this plant reaches 1 (every completion loops) by step 74. A controller that
+    # returns to the user's beta when the score clears cannot keep such pressure away for good (at the user's
+    # beta it grows again): it limit-cycles. What it must do is keep the hack small and excursions short.
+    unguarded = _plant_run("log_only")
+    assert unguarded[:, 0].max() == 1.0
+    pressure, vote, _beta = _plant_run(mode).T
+    assert pressure[100:].max() < 0.3
+    assert vote[100:].max() < 0.55
+    assert np.mean(vote[100:] >= 0.30) < 0.35
+    longest = run_length = 0
+    for high in vote[100:] >= 0.30:
+        run_length = run_length + 1 if high else 0
+        longest = max(longest, run_length)
+    assert longest <= 8
