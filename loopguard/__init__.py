@@ -39,6 +39,7 @@ from loopguard.exceptions import (
     MissingDependencyError,
 )
 from loopguard.guard import Decision, Guard, Observation
+from loopguard.log import MitigationLog, MitigationRecord, read_mitigation_log
 from loopguard.shaping import shape_reward
 
 try:
@@ -62,12 +63,15 @@ __all__ = [
     "LoopguardError",
     "LoopguardTypeError",
     "MissingDependencyError",
+    "MitigationLog",
+    "MitigationRecord",
     "Observation",
     "PIDLagrangian",
     "RMEnsemble",
     "Repetition",
     "RewardDrift",
     "__version__",
+    "read_mitigation_log",
     "shape_reward",
     "signals",
 ]

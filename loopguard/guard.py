@@ -40,6 +40,7 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from loopguard._types import Action, Verdict
 from loopguard._validation import (
     MAX_ENSEMBLE_MEMBERS,
     MAX_TRAJECTORIES,
@@ -76,8 +77,6 @@ from loopguard.signals import TokenBatch, as_token_batch
 __all__ = ["Action", "Decision", "Guard", "Mode", "Observation", "Verdict"]
 
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
-Verdict = Literal["OK", "WARN", "HACK"]
-Action = Literal["none", "raise_beta", "lower_beta", "rollback", "stop"]
 Smoothing = Literal["none", "ema", "median"]
 VoteRule = Literal["mean", "max", "k_of_n", "conservative"]
 
