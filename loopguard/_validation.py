@@ -68,6 +68,7 @@ __all__ = [
     "check_path",
     "check_real",
     "check_same_length",
+    "check_text",
     "describe",
     "integer",
     "name_string",
@@ -225,15 +226,30 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
-def _check_text(name: str, value: object, max_length: int, what: str) -> str:
+def check_text(name: str, value: object, *, max_length: int, what: str = "") -> str:
+    """Validate a non-empty ``str`` with no null bytes and at most ``max_length`` characters.
+
+    Args:
+        name: Argument name used in the error message.
+        value: The value to check.
+        max_length: Cap on the number of characters.
+        what: Optional kind of string for the message ("name", "path").
+
+    Example:
+        >>> check_text("sentinels[0]", "", max_length=8)
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.ConfigError: `sentinels[0]` must be a non-empty string, got ''.
+    """
+    kind = f"{what} string" if what else "string"
     if not isinstance(value, str):
-        msg = f"`{name}` must be a {what} string, got {describe(value)} of type {type(value).__name__}."
+        msg = f"`{name}` must be a {kind}, got {describe(value)} of type {type(value).__name__}."
         raise LoopguardTypeError(msg)
     if "\x00" in value:
         msg = f"`{name}` must not contain null bytes, got {describe(value)}."
         raise ConfigError(msg)
     if not value:
-        msg = f"`{name}` must be a non-empty {what} string, got ''."
+        msg = f"`{name}` must be a non-empty {kind}, got ''."
         raise ConfigError(msg)
     if len(value) > max_length:
         msg = f"`{name}` must be at most {max_length} characters, got {len(value)} characters."
@@ -252,7 +268,7 @@ def check_choice(name: str, value: object, allowed: Collection[str]) -> str:
         ...
         loopguard.exceptions.ConfigError: `method` must be one of 'pearson', 'spearman', got 'kendall'.
     """
-    text = _check_text(name, value, MAX_NAME_LENGTH, "name")
+    text = check_text(name, value, max_length=MAX_NAME_LENGTH, what="name")
     if text not in allowed:
         options = ", ".join(repr(option) for option in sorted(allowed))
         msg = f"`{name}` must be one of {options}, got {describe(text)}."
@@ -262,7 +278,7 @@ def check_choice(name: str, value: object, allowed: Collection[str]) -> str:
 
 def check_name(name: str, value: object) -> str:
     """Validate a name: non-empty ``str``, no null bytes, at most ``MAX_NAME_LENGTH`` characters."""
-    return _check_text(name, value, MAX_NAME_LENGTH, "name")
+    return check_text(name, value, max_length=MAX_NAME_LENGTH, what="name")
 
 
 def check_path(name: str, value: object) -> str:
@@ -277,7 +293,7 @@ def check_path(name: str, value: object) -> str:
     if isinstance(value, bytes):
         msg = f"`{name}` must be a str or os.PathLike path, got bytes {describe(value)}."
         raise LoopguardTypeError(msg)
-    return _check_text(name, value, MAX_PATH_LENGTH, "path")
+    return check_text(name, value, max_length=MAX_PATH_LENGTH, what="path")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -313,6 +313,21 @@ class Decision:
 
 
 @attrs.define
+class _Reading:
+    """What the Guard has read from one step so far (built up by :meth:`Guard.step`)."""
+
+    observation: Observation
+    beta_before: float | None
+    verdict: Verdict = "OK"
+    vote: float = 0.0
+    scores: dict[str, float] = attrs.field(factory=dict)
+    raw: dict[str, float] = attrs.field(factory=dict)
+    notes: list[str] = attrs.field(factory=list)
+    warming: bool = False
+    drift_held: bool = False
+
+
+@attrs.define
 class _DetectorMemory:
     warm: dict[str, list[float]] = attrs.field(factory=dict)
     baseline: dict[str, list[float]] | None = None  # metric -> [median, scale]
@@ -660,50 +675,41 @@ class Guard:
             raise LoopguardTypeError(msg)
         can_rollback = check_bool("can_rollback", can_rollback)
         self._init_beta(observation)
-        beta_before = self._beta
-        notes: list[str] = []
+        reading = _Reading(observation=observation, beta_before=self._beta)
         if self._stopped_reason is not None:
-            return self._decision(
-                observation, "HACK", self._vote, {}, "stop", beta_before, self._stopped_reason
-            )
+            reading.verdict, reading.vote = "HACK", self._vote
+            return self._decision(reading, "stop", self._stopped_reason)
 
         self._seen += 1
-        warming = self._seen <= self.warmup_steps
+        reading.warming = self._seen <= self.warmup_steps
         data = StepData(observation, warmup_steps=self.warmup_steps)
-        scores: dict[str, float] = {}
-        raw_all: dict[str, float] = {}
         for detector in self.detectors:
-            raw = self._measure(detector, data, notes)
+            raw = self._measure(detector, data, reading.notes)
             memory = self._memories[detector.name]
             if raw is None:
                 if detector.holds and memory.baseline is not None and memory.recent:
-                    scores[detector.name] = memory.smoothed  # a periodic audit: the last score stands
+                    reading.scores[detector.name] = memory.smoothed  # a periodic audit: the last score stands
                 continue
-            raw_all.update({f"{detector.name}.{key}": value for key, value in raw.items()})
-            score = self._score(detector, raw, warming)
+            reading.raw.update({f"{detector.name}.{key}": value for key, value in raw.items()})
+            score = self._score(detector, raw, reading.warming)
             if score is not None:
-                scores[detector.name] = self._smooth(memory, score)
+                reading.scores[detector.name] = self._smooth(memory, score)
         if self._seen == self.warmup_steps:
             for detector in self.detectors:
                 detector.on_warmup_end(self._memories[detector.name].memory)
 
         previous_vote = self._vote
-        vote = self._combine({k: v for k, v in scores.items() if self._role(k) != "guard"})
-        drift_held = False
-        if self.drift_guard and scores.get("drift", 0.0) >= self.hack_level and vote < previous_vote:
-            vote, drift_held = previous_vote, True
-        self._vote = vote
-        verdict: Verdict = "HACK" if vote >= self.hack_level else "WARN" if vote >= self.warn_level else "OK"
+        vote = self._combine({k: v for k, v in reading.scores.items() if self._role(k) != "guard"})
+        if self.drift_guard and reading.scores.get("drift", 0.0) >= self.hack_level and vote < previous_vote:
+            vote, reading.drift_held = previous_vote, True
+        self._vote = reading.vote = vote
+        reading.verdict = "HACK" if vote >= self.hack_level else "WARN" if vote >= self.warn_level else "OK"
 
-        if warming and self.mode != "adaptive_kl":
-            verdict = "OK"
+        if reading.warming and self.mode != "adaptive_kl":
+            reading.verdict = "OK"
             text = f"step {observation.step}: warming up ({self._seen}/{self.warmup_steps} steps); no action."
-            return self._decision(
-                observation, verdict, vote, scores, "none", beta_before, text, raw_all, {}, notes, True
-            )
-        return self._act(
-            observation, verdict, vote, scores, raw_all, notes, beta_before, can_rollback, drift_held, warming
-        )
+            return self._decision(reading, "none", text)
+        return self._act(reading, can_rollback)
 
     def _role(self, name: str) -> str:
         return next(d.role for d in self.detectors if d.name == name)
@@ -721,32 +727,19 @@ class Guard:
             self._controller_state = self.controller.init(self._beta)
             self._beta_history = [[observation.step, self._beta]]
 
-    def _act(
-        self,
-        observation: Observation,
-        verdict: Verdict,
-        vote: float,
-        scores: dict[str, float],
-        raw: dict[str, float],
-        notes: list[str],
-        beta_before: float | None,
-        can_rollback: bool,
-        drift_held: bool,
-        warming: bool,
-    ) -> Decision:
-        hacking = verdict == "HACK" and not warming
+    def _act(self, reading: _Reading, can_rollback: bool) -> Decision:
+        hacking = reading.verdict == "HACK" and not reading.warming
         ladder_out: LadderOutput | None = None
         if self.ladder is not None and self._ladder_state is not None:
             ladder_out, self._ladder_state = self.ladder.update(
                 self._ladder_state, hacking=hacking, can_rollback=can_rollback
             )
-        control_out = self._control(observation, vote, ladder_out, notes)
+        control_out = self._control(reading, ladder_out)
         if control_out is not None:
             self._beta = control_out.beta
-            if self._beta != beta_before:
-                self._beta_history = [*self._beta_history, [observation.step, self._beta]][
-                    -_MAX_BETA_HISTORY:
-                ]
+            if self._beta != reading.beta_before:
+                history = [*self._beta_history, [reading.observation.step, self._beta]]
+                self._beta_history = history[-_MAX_BETA_HISTORY:]
 
         action: Action = "none"
         if self.halt_on_hack and hacking:
@@ -765,25 +758,20 @@ class Guard:
             for memory in self._memories.values():  # do not smooth post-rollback steps with hacked scores
                 memory.recent, memory.smoothed = [], 0.0
             self._vote = 0.0
-        text = self._explain(
-            observation, verdict, vote, scores, raw, action, control_out, ladder_out, drift_held
-        )
+        text = self._explain(reading, action, control_out, ladder_out)
         if action == "stop":
             self._stopped_reason = text
-        return self._decision(
-            observation, verdict, vote, scores, action, beta_before, text, raw, components, notes, warming
-        )
+        return self._decision(reading, action, text, components)
 
-    def _control(
-        self, observation: Observation, vote: float, ladder_out: LadderOutput | None, notes: list[str]
-    ) -> ControlOutput | None:
+    def _control(self, reading: _Reading, ladder_out: LadderOutput | None) -> ControlOutput | None:
         if self.controller is None:
             return None
+        observation = reading.observation
         allow_lower = ladder_out is None or not ladder_out.in_cooldown
         state = self._controller_state
         if isinstance(self.controller, AdaptiveKL):
             if observation.kl is None:
-                self._note_once("skip:kl", "adaptive_kl holds beta: this step has no kl", notes)
+                self._note_once("skip:kl", "adaptive_kl holds beta: this step has no kl", reading.notes)
                 return None
             # KL estimates (k1) can dip below 0 on a batch; the controller wants a divergence (>= 0).
             # n_steps is the batch size, as in old TRL's AdaptiveKLController and verl.
@@ -792,7 +780,7 @@ class Guard:
                 state, kl, len(observation.rewards), allow_lower=allow_lower
             )
         else:
-            output, state = self.controller.update(state, vote, allow_lower=allow_lower)
+            output, state = self.controller.update(state, reading.vote, allow_lower=allow_lower)
         self._controller_state = state
         return output
 
@@ -819,27 +807,23 @@ class Guard:
 
     def _explain(
         self,
-        observation: Observation,
-        verdict: Verdict,
-        vote: float,
-        scores: dict[str, float],
-        raw: dict[str, float],
+        reading: _Reading,
         action: Action,
         control_out: ControlOutput | None,
         ladder_out: LadderOutput | None,
-        drift_held: bool,
     ) -> str:
+        verdict = reading.verdict
         level = {"HACK": self.hack_level, "WARN": self.warn_level}.get(verdict)
-        head = f"step {observation.step}: {verdict} (vote {vote:.2f}"
+        head = f"step {reading.observation.step}: {verdict} (vote {reading.vote:.2f}"
         head += f" >= {level:.2f})" if level is not None else ")"
-        phrases = self._signal_phrases(scores, raw)
+        phrases = self._signal_phrases(reading.scores, reading.raw)
         parts = [head + (": " + ", ".join(phrases) if phrases and verdict != "OK" else "") + "."]
-        if drift_held:
+        if reading.drift_held:
             parts.append(
                 "The reward distribution is degenerating (drift), so the vote was held, not lowered."
             )
         if action == "stop":
-            parts.append(self._give_up(verdict, ladder_out, scores))
+            parts.append(self._give_up(verdict, ladder_out, reading.scores))
         elif action == "rollback" and ladder_out is not None:
             parts.append(f"Rolling back to the last good checkpoint: {ladder_out.reason}.")
         if control_out is not None and control_out.direction != "hold":
@@ -875,32 +859,21 @@ class Guard:
         return f"{why}{beta_text}{rollbacks} What you can change: {fix}."
 
     def _decision(
-        self,
-        observation: Observation,
-        verdict: Verdict,
-        vote: float,
-        scores: dict[str, float],
-        action: Action,
-        beta_before: float | None,
-        explanation: str,
-        raw: dict[str, float] | None = None,
-        components: dict[str, float] | None = None,
-        notes: list[str] | None = None,
-        warming: bool = False,
+        self, reading: _Reading, action: Action, explanation: str, components: dict[str, float] | None = None
     ) -> Decision:
         return Decision(
-            step=observation.step,
-            verdict=verdict,
-            vote=float(vote),
-            scores=dict(scores),
+            step=reading.observation.step,
+            verdict=reading.verdict,
+            vote=float(reading.vote),
+            scores=dict(reading.scores),
             action=action,
-            beta_before=beta_before,
+            beta_before=reading.beta_before,
             beta_after=self._beta,
             explanation=explanation,
-            raw=dict(raw or {}),
+            raw=dict(reading.raw),
             components=dict(components or {}),
-            notes=tuple(notes or ()),
-            warming_up=warming,
+            notes=tuple(reading.notes),
+            warming_up=reading.warming,
         )
 
 

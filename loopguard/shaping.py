@@ -56,6 +56,7 @@ from loopguard._validation import (
     check_bool,
     check_choice,
     check_int,
+    check_text,
     describe,
     integer,
     one_of,
@@ -139,18 +140,7 @@ def _validate_sentinels(_instance: Any, _attribute: Any, value: Any) -> None:
     seen: set[str] = set()
     for index, item in enumerate(value):
         name = f"sentinels[{index}]"
-        if not isinstance(item, str):
-            msg = f"`{name}` must be a string, got {describe(item)} of type {type(item).__name__}."
-            raise LoopguardTypeError(msg)
-        if "\x00" in item:
-            msg = f"`{name}` must not contain null bytes, got {describe(item)}."
-            raise ConfigError(msg)
-        if not item:
-            msg = f"`{name}` must be a non-empty string, got ''."
-            raise ConfigError(msg)
-        if len(item) > MAX_SENTINEL_LENGTH:
-            msg = f"`{name}` must be at most {MAX_SENTINEL_LENGTH} characters, got {len(item)} characters."
-            raise ConfigError(msg)
+        check_text(name, item, max_length=MAX_SENTINEL_LENGTH)
         if item in seen:
             msg = f"`{name}` must not repeat an earlier sentinel (it would count twice), got {item!r}."
             raise ConfigError(msg)
