@@ -227,7 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             f"### Latent kernels ({EMBED_DIM}-d policy and reference embeddings, N rows each)",
             _markdown(latent_rows, "N"),
             "### Targets",
-            "\n".join(f"- {key}: {value}" for key, value in targets.items()),
+            "\n".join(
+                f"- {key}: {value:.4g}" if isinstance(value, float) else f"- {key}: {value}"
+                for key, value in targets.items()
+            ),
         ]
     )
     args.out.mkdir(parents=True, exist_ok=True)
