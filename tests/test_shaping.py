@@ -1,13 +1,10 @@
 """Tests for loopguard.shaping: bounded, strictly increasing shaping that keeps the raw reward visible."""
 
-import ast
 import asyncio
 import functools
-import importlib.util
 import inspect
 import itertools
 import math
-import pathlib
 import re
 import subprocess
 import sys
@@ -278,17 +275,9 @@ def test_group_normalisation_orders_sentinel_counts():
 
 
 def _trl_helpers():
-    """Compile TRL's get_callable_name / is_async_callable from its source without importing TRL (slow)."""
-    spec = importlib.util.find_spec("trl")
-    if spec is None or spec.origin is None:
-        pytest.skip("trl is not installed")
-    source = (pathlib.Path(spec.origin).parent / "trainer" / "utils.py").read_text()
-    wanted = {"get_callable_name", "is_async_callable"}
-    nodes = [n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
-    assert {n.name for n in nodes} == wanted, "TRL renamed its reward-function helpers"
-    namespace = {"functools": functools, "inspect": inspect, "Callable": object}
-    exec(compile(ast.Module(body=nodes, type_ignores=[]), "trl/trainer/utils.py", "exec"), namespace)
-    return namespace["get_callable_name"], namespace["is_async_callable"]
+    """TRL's own reward-function naming and async detection (the rules the wrapper must satisfy)."""
+    utils = pytest.importorskip("trl.trainer.utils", reason="trl is part of the `hf` extra")
+    return utils.get_callable_name, utils.is_async_callable
 
 
 def test_name_doc_and_wrapped_are_preserved():
