@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "InputError",
     "LoopguardError",
@@ -40,3 +41,11 @@ class LoopguardTypeError(LoopguardError, TypeError):
 
 class MissingDependencyError(LoopguardError, ImportError):
     """An optional dependency is not installed; the message names the extra that provides it."""
+
+
+class CheckpointError(InputError):
+    """A checkpoint cannot be restored: tampered, truncated, symlinked, malformed, or not matching.
+
+    Subclasses :class:`InputError` (a ``ValueError``). The message names the checkpoint
+    file and what is wrong with it; whenever it is raised by ``restore``, nothing live was modified.
+    """
