@@ -4,9 +4,12 @@ The package is layered in one direction of flow:
 
 * :mod:`loopguard.signals` -- pure numpy kernels that score a batch of RL training data;
 * the Guard and controllers -- turn scores into decisions (raise the KL coefficient, roll back, stop);
-* adapters -- read what a trainer already computed and apply the decision.
+* adapters -- read what a trainer already computed and apply the decision: ``RewardHackMitigator``,
+  ``EchoTrapCallback`` and ``RLCheckpointCallback`` for Hugging Face / TRL trainers, :func:`tap` for reward
+  functions of trainers that keep no per-completion rewards.
 
-``import loopguard`` imports neither torch nor transformers; the adapters that need them load lazily.
+``import loopguard`` imports neither torch nor transformers; the adapters that need them load lazily
+(PEP 562), on first access to ``loopguard.RewardHackMitigator`` and friends.
 
 Example:
     >>> import loopguard
@@ -18,8 +21,10 @@ Example:
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from loopguard import signals
+from loopguard.adapters._tap import tap
 from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
 from loopguard.detectors import (
     Collapse,
@@ -32,6 +37,7 @@ from loopguard.detectors import (
     RMEnsemble,
 )
 from loopguard.exceptions import (
+    CheckpointError,
     ConfigError,
     InputError,
     LoopguardError,
@@ -42,6 +48,10 @@ from loopguard.guard import Decision, Guard, Observation
 from loopguard.log import MitigationLog, MitigationRecord, read_mitigation_log
 from loopguard.shaping import shape_reward
 
+if TYPE_CHECKING:
+    from loopguard.adapters.hf_trainer import EchoTrapCallback, RewardHackMitigator, RLCheckpointCallback
+    from loopguard.checkpoint import CheckpointManager
+
 try:
     __version__ = version("loopguard")
 except PackageNotFoundError:  # running from a source tree that was never installed
@@ -50,10 +60,13 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 __all__ = [
     "AdaptiveKL",
     "BangBang",
+    "CheckpointError",
+    "CheckpointManager",
     "Collapse",
     "ConfigError",
     "Decision",
     "Diversity",
+    "EchoTrapCallback",
     "EscalationLadder",
     "GoldAudit",
     "Guard",
@@ -67,11 +80,31 @@ __all__ = [
     "MitigationRecord",
     "Observation",
     "PIDLagrangian",
+    "RLCheckpointCallback",
     "RMEnsemble",
     "Repetition",
     "RewardDrift",
+    "RewardHackMitigator",
     "__version__",
     "read_mitigation_log",
     "shape_reward",
     "signals",
+    "tap",
 ]
+
+_LAZY = {
+    "CheckpointManager": "loopguard.checkpoint",
+    "EchoTrapCallback": "loopguard.adapters.hf_trainer",
+    "RLCheckpointCallback": "loopguard.adapters.hf_trainer",
+    "RewardHackMitigator": "loopguard.adapters.hf_trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the torch-backed names on first use (PEP 562): ``import loopguard`` stays free of torch."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    msg = f"module {__name__!r} has no attribute {name!r}"
+    raise AttributeError(msg)

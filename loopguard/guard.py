@@ -837,7 +837,7 @@ class Guard:
             why = "Stopping the run: halt_on_hack is set and the verdict is HACK."
         else:
             reason = ladder_out.reason if ladder_out else "the ladder reached its last rung"
-            why = f"Stopping the run: {reason}."
+            why = f"Stopping the run: {reason.rstrip('.')}."
         history = " -> ".join(f"{_fmt(beta)} (step {int(step)})" for step, beta in self._beta_history[-6:])
         rollbacks = ""
         if self._ladder_state is not None and self.ladder is not None:

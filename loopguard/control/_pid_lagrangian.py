@@ -255,7 +255,9 @@ class PIDLagrangian:
         # The clamps only guard against float round-off pushing an EMA a hair outside its range.
         p_ema = min(1.0, max(-1.0, self.ema_p * state.p_ema + (1.0 - self.ema_p) * error))
         if state.j_history:
-            j_ema = min(1.0, max(0.0, self.ema_d * state.j_ema + (1.0 - self.ema_d) * score))
+            # Written as a step towards the score, so a constant score leaves the EMA exactly unchanged
+            # (a * x + (1 - a) * x can differ from x by one ulp, which read as a positive derivative).
+            j_ema = min(1.0, max(0.0, state.j_ema + (1.0 - self.ema_d) * (score - state.j_ema)))
             reference = state.j_history[0]
         else:
             j_ema = reference = score

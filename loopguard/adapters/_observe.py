@@ -1,0 +1,443 @@
+"""Where the adapters read what a trainer already computed: one :class:`Batch` per new generation batch.
+
+Sources, chosen once per run by :func:`choose_source`:
+
+* :class:`GenerationSource` -- TRL's GRPO and RLOO. After every generation ``trainer._logs`` holds the
+  gathered prompts, completions and each reward function's output (deques of ``generation_batch_size``), and
+  ``trainer._metrics["train"]`` one entry per step for ``kl`` and ``entropy``. A new generation batch shows
+  as a new ``trainer._buffered_inputs`` object, so a batch reused for ``steps_per_generation`` /
+  ``num_iterations`` optimizer steps is read once. The proxy reward is TRL's weighted sum of the reward
+  functions' *unshaped* outputs (a :func:`~loopguard.shape_reward` wrapper logs those as the
+  ``"<name>/unshaped"`` column).
+* :class:`TapSource` -- reward functions wrapped with :func:`loopguard.tap` (online DPO, custom trainers):
+  every call recorded since the last step forms the batch.
+* :class:`MetricSource` -- trainers without rollouts. DPO: the implicit reward margins logged per
+  micro-batch, divided by beta; online DPO without a tap: the mean reward score per step.
+
+A source never raises into training on odd data: it returns None and the caller notes why once.
+
+Example:
+    >>> from loopguard.adapters._tap import tap
+    >>> fn = tap(lambda prompts, completions, **kw: [float(len(c)) for c in completions])
+    >>> source = TapSource([fn], tokenizer=None, group_size=2)
+    >>> _ = fn(prompts=["p", "p"], completions=["a b", "a"])
+    >>> batch = source.poll(step=1)
+    >>> batch.rewards, batch.group_size, source.poll(step=2) is None
+    ((3.0, 1.0), 2, True)
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import attrs
+
+from loopguard.adapters._tap import TappedReward, TapRecord, completion_text, is_tapped, prompt_text
+
+__all__ = [
+    "Batch",
+    "GenerationSource",
+    "MetricCursor",
+    "MetricSource",
+    "Source",
+    "TapSource",
+    "choose_source",
+    "tokenize",
+]
+
+
+def _finite(value: object) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    result = float(value)
+    return result if math.isfinite(result) else None
+
+
+def _first(*values: float | None) -> float | None:
+    return next((value for value in values if value is not None), None)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
+@attrs.frozen
+class Batch:
+    """What the trainer produced since the last read, in loopguard's terms.
+
+    Attributes:
+        step: The trainer's global step.
+        rewards: Proxy reward per completion (unshaped, weighted like the trainer weights them); an
+            unscorable completion (every reward function returned None) scores 0.0.
+        functions: Each reward function's (unshaped) output per completion, by the trainer's function name.
+        completions: Completion texts, or None.
+        completion_ids: Completion token ids (from the caller, or the trainer's tokenizer), or None.
+        prompts: Prompt texts, or None.
+        group_size: Completions per prompt when they are laid out group-contiguous, else None.
+        kl: Mean KL to the reference over the step(s), when the trainer reports it.
+        entropy: Mean token entropy over the step(s), when the trainer reports it.
+        source: ``"generation"``, ``"tap"`` or ``"metrics"``.
+        notes: One-line remarks about this batch (e.g. unscorable completions).
+        metrics: Other per-step numbers the trainer reported for the batch (GRPO / RLOO: ``reward_std``,
+            ``frac_reward_zero_std``, ``completions/clipped_ratio``, ``completions/mean_length``), recorded in
+            the mitigation log; the Guard recomputes what it scores from the rewards and completions.
+    """
+
+    step: int
+    rewards: tuple[float, ...]
+    functions: Mapping[str, tuple[float | None, ...]] = attrs.field(factory=dict)
+    completions: tuple[str, ...] | None = None
+    completion_ids: tuple[tuple[int, ...], ...] | None = None
+    prompts: tuple[str, ...] | None = None
+    group_size: int | None = None
+    kl: float | None = None
+    entropy: float | None = None
+    source: str = "generation"
+    notes: tuple[str, ...] = ()
+    metrics: Mapping[str, float] = attrs.field(factory=dict)
+
+
+class Source(Protocol):
+    """Anything that turns trainer state into at most one :class:`Batch` per call."""
+
+    kind: str
+
+    def poll(self, step: int) -> Batch | None:
+        """The batch produced since the last call, or None when there is nothing new."""
+
+
+class MetricCursor:
+    """Reads the entries appended to a trainer's per-step metric lists since the previous read.
+
+    ``read`` returns the current metrics mapping (``trainer._metrics["train"]`` or online DPO's ``stats``).
+    Trainers clear or replace those lists when they log, so the cursor remembers each list object and how
+    much of it it has read; a new list object is read from its start.
+
+    Example:
+        >>> metrics = {"kl": [0.1, 0.2]}
+        >>> cursor = MetricCursor(lambda: metrics)
+        >>> cursor.new("kl"), cursor.new("kl")
+        ([0.1, 0.2], [])
+        >>> metrics["kl"].append(0.3); metrics["entropy"] = [2.0]
+        >>> cursor.new("kl"), cursor.new("entropy")
+        ([0.3], [2.0])
+    """
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        """Wrap ``read``, a zero-argument function returning the metrics mapping (or None)."""
+        self._read = read
+        self._seen: dict[str, tuple[Any, int]] = {}
+
+    def new(self, key: str) -> list[float]:
+        """Finite values appended under ``key`` since the last call."""
+        container = self._read()
+        values = container.get(key) if isinstance(container, Mapping) else None
+        if not isinstance(values, list):
+            return []
+        last, count = self._seen.get(key, (None, 0))
+        start = count if values is last and len(values) >= count else 0
+        self._seen[key] = (values, len(values))
+        return [v for v in (_finite(item) for item in values[start:]) if v is not None]
+
+    def mean(self, key: str) -> float | None:
+        """Mean of :meth:`new`, or None when nothing new."""
+        return _mean(self.new(key))
+
+
+def tokenize(processing_class: Any, texts: Sequence[str]) -> tuple[tuple[int, ...], ...] | None:
+    """Token ids of ``texts`` with the trainer's tokenizer (no special tokens); None when it has none."""
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    if tokenizer is None or not callable(tokenizer) or not texts:
+        return None
+    encoded = tokenizer(list(texts), add_special_tokens=False)
+    ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
+    return tuple(tuple(int(token) for token in row) for row in ids)
+
+
+def _generation_marker(buffer: Any) -> Any:
+    """A small object that identifies one generation batch (held, so its id is never reused)."""
+    first = buffer[0] if isinstance(buffer, (list, tuple)) and buffer else None
+    if isinstance(first, dict):
+        for key in ("advantages", "completion_mask", "completion_ids"):
+            if key in first and hasattr(first[key], "shape"):
+                return first[key]
+        for value in first.values():
+            if hasattr(value, "shape"):
+                return value
+    return buffer
+
+
+def _group_size(value: object, size: int) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 2 and size % value == 0:
+        return value
+    return None
+
+
+def _weights(trainer: Any, count: int) -> list[float]:
+    weights: Any = getattr(trainer, "reward_weights", None)
+    values = weights.tolist() if hasattr(weights, "tolist") else weights
+    if isinstance(values, (list, tuple)) and len(values) == count:
+        return [float(w) for w in values]
+    return [1.0] * count
+
+
+def _proxy(columns: Sequence[Sequence[float | None]], weights: Sequence[float]) -> tuple[list[float], int]:
+    """Weighted sum per row over the finite entries (TRL's nansum); rows with none score 0. Returns count."""
+    rewards: list[float] = []
+    unscorable = 0
+    for row in zip(*columns, strict=True):
+        terms = [w * r for w, r in zip(weights, row, strict=True) if r is not None]
+        if not terms:
+            unscorable += 1
+        rewards.append(math.fsum(terms) if terms else 0.0)
+    return rewards, unscorable
+
+
+_TRAINER_METRICS = (
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/clipped_ratio",
+    "completions/mean_length",
+)
+
+
+class GenerationSource:
+    """GRPO / RLOO: read each new generation batch from ``trainer._logs`` once (see the module docs)."""
+
+    kind = "generation"
+
+    def __init__(self, trainer: Any) -> None:
+        """Read from ``trainer`` (a TRL GRPOTrainer / RLOOTrainer or a trainer with the same fields)."""
+        self.trainer = trainer
+        self._marker: Any = None
+        self._metrics = MetricCursor(lambda: getattr(trainer, "_metrics", {}).get("train"))
+
+    @staticmethod
+    def supports(trainer: Any) -> bool:
+        """Whether ``trainer`` buffers generations and keeps per-completion logs like GRPO / RLOO."""
+        logs = getattr(trainer, "_logs", None)
+        return (
+            hasattr(trainer, "_buffered_inputs")
+            and isinstance(logs, Mapping)
+            and "completion" in logs
+            and "rewards" in logs
+            and hasattr(trainer, "reward_func_names")
+        )
+
+    def function_names(self) -> tuple[str, ...]:
+        """The trainer's reward function names, in order."""
+        return tuple(str(name) for name in self.trainer.reward_func_names)
+
+    def poll(self, step: int) -> Batch | None:
+        """The new generation batch, or None when the current one was already read."""
+        buffer = getattr(self.trainer, "_buffered_inputs", None)
+        if not buffer:
+            return None
+        marker = _generation_marker(buffer)
+        if marker is self._marker:
+            return None
+        self._marker = marker
+        kl, entropy = self._metrics.mean("kl"), self._metrics.mean("entropy")
+        reported = {key: self._metrics.mean(key) for key in _TRAINER_METRICS}
+        logs = self.trainer._logs
+        completions = tuple(completion_text(c) for c in logs["completion"])
+        prompts = tuple(prompt_text(p) for p in logs["prompt"])
+        size = len(completions)
+        names = self.function_names()
+        extra = logs.get("extra") or {}
+        columns: dict[str, tuple[float | None, ...]] = {}
+        for name in names:
+            unshaped = extra.get(f"{name}/unshaped")
+            values = unshaped if unshaped is not None and len(unshaped) == size else logs["rewards"].get(name)
+            if values is None or len(values) != size:
+                return None
+            columns[name] = tuple(_finite(value) for value in values)
+        if size == 0 or len(prompts) != size:
+            return None
+        rewards, unscorable = _proxy(list(columns.values()), _weights(self.trainer, len(names)))
+        notes = (f"{unscorable} unscorable completion(s) scored 0.0",) if unscorable else ()
+        return Batch(
+            step=step,
+            rewards=tuple(rewards),
+            functions=columns,
+            completions=completions,
+            completion_ids=tokenize(getattr(self.trainer, "processing_class", None), completions),
+            prompts=prompts,
+            group_size=_group_size(getattr(self.trainer, "num_generations", None), size),
+            kl=kl,
+            entropy=entropy,
+            source=self.kind,
+            notes=notes,
+            metrics={key: value for key, value in reported.items() if value is not None},
+        )
+
+
+class TapSource:
+    """Reward functions wrapped with :func:`loopguard.tap`: the calls recorded since the last poll."""
+
+    kind = "tap"
+
+    def __init__(
+        self,
+        taps: Sequence[TappedReward],
+        *,
+        tokenizer: Any = None,
+        group_size: int | None = None,
+        weights: Sequence[float] | None = None,
+        metrics: MetricCursor | None = None,
+    ) -> None:
+        """Read ``taps``; ``weights`` scale each tap's rewards in the proxy (default 1 each)."""
+        self.taps = list(taps)
+        self.tokenizer = tokenizer
+        self.group_size = group_size
+        self.weights = list(weights) if weights is not None else [1.0] * len(self.taps)
+        self.metrics = metrics
+        self._after = [0] * len(self.taps)
+
+    def function_names(self) -> tuple[str, ...]:
+        """The tapped functions' names."""
+        return tuple(str(fn.__name__) for fn in self.taps)
+
+    def poll(self, step: int) -> Batch | None:
+        """Every call recorded since the last poll, concatenated; None when there was none."""
+        per_tap: list[list[TapRecord]] = []
+        for index, fn in enumerate(self.taps):
+            records = fn.records(after=self._after[index])
+            if records:
+                self._after[index] = records[-1].index
+            per_tap.append(records)
+        kl = entropy = None
+        if self.metrics is not None:
+            kl = _first(self.metrics.mean("kl"), self.metrics.mean("objective/kl"))
+            entropy = _first(self.metrics.mean("entropy"), self.metrics.mean("objective/entropy"))
+        lead = next((records for records in per_tap if records), None)
+        if lead is None:
+            return None
+        completions = tuple(text for record in lead for text in record.completions)
+        size = len(completions)
+        columns: dict[str, tuple[float | None, ...]] = {}
+        weights: list[float] = []
+        notes: list[str] = []
+        for fn, records, weight in zip(self.taps, per_tap, self.weights, strict=True):
+            values = tuple(value for record in records for value in record.proxy())
+            if len(values) == size:
+                columns[str(fn.__name__)] = values
+                weights.append(weight)
+            else:
+                notes.append(
+                    f"tap {fn.__name__!r} recorded {len(values)} rewards for {size} completions; unused"
+                )
+        rewards, unscorable = _proxy(list(columns.values()), weights)
+        if unscorable:
+            notes.append(f"{unscorable} unscorable completion(s) scored 0.0")
+        ids: tuple[tuple[int, ...], ...] | None = None
+        if all(record.completion_ids is not None for record in lead):
+            ids = tuple(row for record in lead for row in (record.completion_ids or ()))
+        if ids is None or len(ids) != size:
+            ids = tokenize(self.tokenizer, completions)
+        prompts: tuple[str, ...] | None = None
+        if all(record.prompts is not None for record in lead):
+            prompts = tuple(text for record in lead for text in (record.prompts or ()))
+            if len(prompts) != size:
+                prompts = None
+        return Batch(
+            step=step,
+            rewards=tuple(rewards),
+            functions=columns,
+            completions=completions,
+            completion_ids=ids,
+            prompts=prompts,
+            group_size=self.group_size
+            if all(_group_size(self.group_size, len(record.completions)) for record in lead)
+            else None,
+            kl=kl,
+            entropy=entropy,
+            source=self.kind,
+            notes=tuple(notes),
+        )
+
+
+class MetricSource:
+    """Trainers without rollouts (see the module docs): per-step means from the trainer's metric lists."""
+
+    kind = "metrics"
+
+    def __init__(self, trainer: Any, *, reward_key: str, scale_by_beta: bool, kl_key: str, entropy_key: str):
+        """Read ``reward_key`` (divided by beta when ``scale_by_beta``), ``kl_key`` and ``entropy_key``."""
+        self.trainer = trainer
+        self.reward_key = reward_key
+        self.scale_by_beta = scale_by_beta
+        self.kl_key = kl_key
+        self.entropy_key = entropy_key
+        self.cursor = MetricCursor(self._container)
+
+    def _container(self) -> Any:
+        metrics = getattr(self.trainer, "_metrics", None)
+        if isinstance(metrics, Mapping) and isinstance(metrics.get("train"), Mapping):
+            return metrics["train"]
+        return getattr(self.trainer, "stats", None)
+
+    def function_names(self) -> tuple[str, ...]:
+        """No per-function rewards in this source."""
+        return ()
+
+    def poll(self, step: int) -> Batch | None:
+        """The per-micro-batch reward entries since the last poll (None when there are none)."""
+        rewards = self.cursor.new(self.reward_key)
+        kl, entropy = self.cursor.mean(self.kl_key), self.cursor.mean(self.entropy_key)
+        if not rewards:
+            return None
+        if self.scale_by_beta:
+            beta = _finite(getattr(self.trainer, "beta", None))
+            if not beta:
+                return None
+            rewards = [value / beta for value in rewards]
+        return Batch(step=step, rewards=tuple(rewards), kl=kl, entropy=entropy, source=self.kind)
+
+
+def choose_source(
+    trainer: Any, *, taps: Sequence[TappedReward] | None = None, group_size: int | None = None
+) -> GenerationSource | TapSource | MetricSource | None:
+    """Pick how to observe ``trainer``: explicit taps, GRPO/RLOO logs, tapped reward functions, metrics.
+
+    Returns None when the trainer exposes nothing loopguard can read (wrap its reward with
+    :func:`loopguard.tap` and pass ``taps=[...]``).
+    """
+    tokenizer = getattr(trainer, "processing_class", None)
+    metrics = getattr(trainer, "_metrics", None)
+    cursor = MetricCursor(
+        lambda: metrics.get("train") if isinstance(metrics, Mapping) else getattr(trainer, "stats", None)
+    )
+    if taps:
+        return TapSource(taps, tokenizer=tokenizer, group_size=group_size, metrics=cursor)
+    if GenerationSource.supports(trainer):
+        return GenerationSource(trainer)
+    functions = getattr(trainer, "reward_funcs", None)
+    if isinstance(functions, (list, tuple)):
+        tapped = [fn for fn in functions if is_tapped(fn)]
+        if tapped:
+            weights = _weights(trainer, len(functions))
+            chosen = [w for fn, w in zip(functions, weights, strict=True) if is_tapped(fn)]
+            return TapSource(
+                tapped, tokenizer=tokenizer, group_size=group_size, weights=chosen, metrics=cursor
+            )
+    if isinstance(metrics, Mapping) and hasattr(trainer, "precompute_ref_logps") and hasattr(trainer, "beta"):
+        return MetricSource(  # TRL's DPOTrainer: implicit reward margins are logged multiplied by beta
+            trainer, reward_key="rewards/margins", scale_by_beta=True, kl_key="kl", entropy_key="entropy"
+        )
+    if isinstance(getattr(trainer, "stats", None), Mapping) and hasattr(trainer, "_beta"):
+        return MetricSource(
+            trainer,
+            reward_key="objective/scores",
+            scale_by_beta=False,
+            kl_key="objective/kl",
+            entropy_key="objective/entropy",
+        )
+    return None

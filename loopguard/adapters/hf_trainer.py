@@ -1,0 +1,962 @@
+"""TrainerCallbacks that put the Guard into a Hugging Face / TRL training run.
+
+The line users write::
+
+    trainer.add_callback(RewardHackMitigator(mode="kl_control"))
+
+Three callbacks live here; each is thin (the Guard decides, :mod:`loopguard.adapters._observe` reads the
+trainer, :mod:`loopguard.adapters._beta` writes beta, :mod:`loopguard.adapters._rollback` saves and restores
+rollback checkpoints):
+
+* :class:`RewardHackMitigator` -- every new generation batch becomes one :class:`~loopguard.Observation`;
+  the Guard's :class:`~loopguard.Decision` is applied (beta through the trainer's accessor, rollback through a
+  :class:`~loopguard.checkpoint.CheckpointManager`, stop through ``control.should_training_stop``), logged to
+  ``mitigation_log.jsonl`` and reported as ``loopguard/*`` metrics through ``report_to``.
+* :class:`EchoTrapCallback` -- the n-gram repetition rate of each generation batch: OK / WARN / TRAP, and a
+  halt on TRAP.
+* :class:`RLCheckpointCallback` -- mid-epoch rollback checkpoints (policy, optimizer, scheduler, RNG, the
+  reference model when TRL syncs it, and the mitigator's state).
+
+**Finding the trainer.** transformers never passes the trainer to a callback. At ``on_train_begin`` each
+callback walks up the call stack to the ``Trainer`` whose ``callback_handler`` holds it (falling back to the
+garbage collector's referrers; see :mod:`loopguard.adapters._binding`), then moves itself to the front of the
+callback list so the metrics it adds in ``on_log`` reach TensorBoard / W&B / trackio. ``trainer=`` and
+``.bind(trainer)`` skip the search.
+
+**Failures.** Configuration errors raise at construction or at ``on_train_begin`` (before the first step).
+Anything that fails later warns once per kind and training continues.
+
+Requires the ``hf`` extra (``pip install 'loopguard[hf]'``).
+
+Example:
+    >>> from loopguard import RewardHackMitigator, EchoTrapCallback
+    >>> mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=10)
+    >>> mitigator.guard.mode, mitigator.trainer is None
+    ('kl_control', True)
+    >>> RewardHackMitigator(signals=["repetition", "sentiment"])
+    Traceback (most recent call last):
+    ...
+    loopguard.exceptions.ConfigError: `signals` must name known signals ('collapse', 'diversity', 'drift', 'gold', 'info_rm', 'length', 'repetition', 'rm_ensemble'), got 'sentiment'.
+    >>> EchoTrapCallback(threshold=0.6).warn
+    0.3
+    >>> trainer.add_callback(mitigator)  # doctest: +SKIP
+"""  # noqa: E501
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from loopguard._validation import check_bool, check_int, check_path, check_real, describe
+from loopguard.adapters._beta import (
+    BetaAccessor,
+    Coefficient,
+    check_coefficient,
+    check_kl_term,
+    resolve_accessor,
+)
+from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, move_first
+from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
+from loopguard.adapters._rollback import RollbackStore, open_manager
+from loopguard.adapters._tap import TappedReward, is_tapped
+from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
+from loopguard.detectors import Detector, GoldAudit, InfoRM, RMEnsemble
+from loopguard.exceptions import ConfigError, LoopguardError, LoopguardTypeError, MissingDependencyError
+from loopguard.guard import Decision, Guard, Mode, Observation
+from loopguard.log import MitigationLog, MitigationRecord
+from loopguard.signals import classify_echo, ngram_repetition_rate
+
+try:
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+except ImportError as _error:  # pragma: no cover - exercised only without the extra
+    _msg = "RewardHackMitigator needs the `hf` extra: pip install 'loopguard[hf]'"
+    raise MissingDependencyError(_msg) from _error
+
+__all__ = [
+    "ACTION_CODES",
+    "STATE_FILE",
+    "VERDICT_CODES",
+    "EchoTrapCallback",
+    "RLCheckpointCallback",
+    "RewardHackMitigator",
+]
+
+logger = logging.getLogger("loopguard")
+
+STATE_FILE = "loopguard_state.json"
+"""Name of the mitigator's state file inside each ``checkpoint-N`` folder."""
+
+STATE_KIND = "loopguard.RewardHackMitigator"
+STATE_VERSION = 1
+
+VERDICT_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "HACK": 2.0}
+"""``loopguard/verdict`` and ``loopguard/echo/verdict`` codes (TRAP is 2 for the echo callback)."""
+
+ACTION_CODES: dict[str, float] = {
+    "none": 0.0,
+    "lower_beta": 1.0,
+    "raise_beta": 2.0,
+    "rollback": 3.0,
+    "stop": 4.0,
+}
+"""``loopguard/action`` codes, ordered by severity (the worst action since the last log is reported)."""
+
+_ECHO_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "TRAP": 2.0}
+_GUARD_KEYS = frozenset(("mode", "signals", "controller", "ladder", "halt_on_hack", "warmup_steps", "beta"))
+
+
+# -------------------------------------------------------------------------------------------- shared base
+
+
+class _Bound(TrainerCallback):
+    """Trainer binding, train-start attachment and warn-once failure handling shared by the callbacks."""
+
+    _name = "callback"
+
+    def __init__(self, trainer: Any = None) -> None:
+        self._trainer: Any = None
+        self._warned: set[str] = set()
+        self._resume_from: str | None = None
+        if trainer is not None:
+            self.bind(trainer)
+
+    @property
+    def trainer(self) -> Any:
+        """The trainer this callback is bound to (None before ``bind`` / the start of training)."""
+        return self._trainer
+
+    def bind(self, trainer: Any) -> Any:
+        """Bind to ``trainer`` explicitly instead of finding it at the start of training; returns ``self``.
+
+        Raises:
+            LoopguardTypeError: ``trainer`` has no ``callback_handler`` (not a transformers ``Trainer``).
+        """
+        if not hasattr(trainer, "callback_handler"):
+            msg = (
+                f"`trainer` must be a transformers Trainer (with a callback_handler), got "
+                f"{type(trainer).__name__}."
+            )
+            raise LoopguardTypeError(msg)
+        self._trainer = trainer
+        return self
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _failed(self, event: str, error: BaseException) -> None:
+        self._warn_once(
+            f"fail:{event}",
+            f"loopguard: {type(self).__name__}.{event} failed and was skipped (warned once; training "
+            f"continues): {type(error).__name__}: {error}",
+        )
+
+    def _attach(self) -> Any:
+        """Find (or check) the trainer at ``on_train_begin`` and move this callback first."""
+        found, resume = find_trainer(self)
+        self._resume_from = resume
+        trainer = self._trainer if self._trainer is not None else found
+        if trainer is None:
+            msg = (
+                f"{type(self).__name__} could not find the trainer it was added to (no object holding it "
+                "was on the call stack or among its referrers): pass trainer=... or call .bind(trainer)."
+            )
+            raise ConfigError(msg)
+        if not holds(trainer, self):
+            msg = (
+                f"{type(self).__name__} is bound to a {type(trainer).__name__} whose callbacks do not "
+                "include it: add it with trainer.add_callback(...) on the trainer it is bound to."
+            )
+            raise ConfigError(msg)
+        self._trainer = trainer
+        move_first(trainer, self)
+        return trainer
+
+
+def _is_eval_log(logs: Mapping[str, Any]) -> bool:
+    return any(str(key).startswith(("eval_", "test_")) for key in logs)
+
+
+def _inject(state: TrainerState, logs: dict[str, Any], metrics: Mapping[str, float]) -> None:
+    """Put ``metrics`` into the ``logs`` every later callback sees, and into the log history entry."""
+    logs.update(metrics)
+    history = getattr(state, "log_history", None)
+    entry = history[-1] if history else None
+    if (
+        isinstance(entry, dict)
+        and entry.get("step") == state.global_step
+        and all(key in entry for key in logs if key not in metrics)
+    ):
+        entry.update(metrics)
+
+
+def _worse(current: float | None, new: float) -> float:
+    return new if current is None else max(current, new)
+
+
+# -------------------------------------------------------------------------------------------- the mitigator
+
+
+class RewardHackMitigator(_Bound):
+    """Watch a TRL / transformers training run for reward hacking and close the loop.
+
+    ``trainer.add_callback(RewardHackMitigator(mode="kl_control"))``. Each new generation batch (read once,
+    however many optimizer steps reuse it) becomes an :class:`~loopguard.Observation`: the proxy reward
+    (TRL's weighted sum of the reward functions' *unshaped* outputs), completions and their token ids (the
+    trainer's tokenizer), prompts, ``num_generations`` as the group size, the step's mean ``kl`` and
+    ``entropy``. The :class:`~loopguard.Guard` decides; the mitigator applies the decision:
+
+    * **beta** through the trainer's accessor: GRPO / RLOO / DPO ``trainer.beta``, online DPO
+      ``trainer._beta``, or ``coefficient=`` for anything else. Beta stays > 0.
+    * **rollback** through a :class:`~loopguard.checkpoint.CheckpointManager`: restore the newest good
+      checkpoint saved before the hack's onset (weights, optimizer, the synced reference model; the LR
+      scheduler only with ``restore_scheduler=True``; RNG streams keep going), then drop the buffered
+      generations so the next batch comes from the restored policy. ``global_step`` does not rewind.
+    * **stop** through ``control.should_training_stop`` (the explanation is logged and warned), after
+      restoring the last good checkpoint when there is a store (``restore_on_stop``).
+
+    Every decision goes to ``mitigation_log.jsonl`` (main process) and, at each logging step, ``loopguard/*``
+    metrics go into the trainer's logs: ``beta``, ``verdict`` (0 OK, 1 WARN, 2 HACK: the worst since the last
+    logging step), ``vote``, ``action`` (0 none, 1 lower_beta, 2 raise_beta, 3 rollback, 4 stop: the worst
+    since the last logging step), ``score/<signal>`` (0 while warming up or when the signal had no input),
+    ``warming_up`` and ``rollbacks``. The state is written
+    to ``loopguard_state.json`` in each ``checkpoint-N`` and read back on ``resume_from_checkpoint``.
+
+    Args:
+        mode: ``"kl_control"`` (bang-bang, default), ``"pid_lagrangian"``, ``"adaptive_kl"`` or ``"log_only"``
+            (observe and log, never change anything except stopping with ``halt_on_hack``).
+        signals: Signal names or detector configs (default: repetition, diversity, length, collapse, drift).
+            ``RMEnsemble(members=("rm_a", "rm_b"))`` names the trainer's reward functions that form the
+            ensemble (a member may have weight 0 in ``reward_weights``: watched, not trained on);
+            ``"rm_ensemble"`` alone uses every reward function. ``InfoRM(embed_fn=...)`` (reference latents
+            from the first half of the warm-up, or ``reference_embeddings=``) and ``GoldAudit(gold_fn=...)``
+            need their callables: the trainer has no embeddings or gold scores to offer.
+        controller: A configured ``BangBang`` / ``PIDLagrangian`` / ``AdaptiveKL`` for the mode (default: the
+            mode's defaults).
+        rollback: ``True`` for the default :class:`~loopguard.EscalationLadder`, or a configured ladder; its
+            rollback rung needs a checkpoint source. ``False`` (default): no ladder.
+        checkpoint: A :class:`~loopguard.checkpoint.CheckpointManager` or a directory: the mitigator saves
+            rollback checkpoints there every ``checkpoint_every`` steps. None: use an attached
+            :class:`RLCheckpointCallback`'s store.
+        checkpoint_every: Steps between rollback checkpoints, >= 1. Default 10.
+        restore_scheduler: Restore the LR scheduler on rollback (the LR moves back with the weights) instead
+            of keeping it on the global-step schedule. Default False.
+        restore_on_stop: When the Guard stops the run and a checkpoint store exists, restore the newest good
+            checkpoint saved before the hack's onset first, so the trainer ends with (and ``save_model``
+            saves) the last good policy, not the hacked one. Default True.
+        halt_on_hack: Stop at the first HACK verdict (any mode).
+        warmup_steps: Observed batches used to learn each signal's baseline, >= 3. Default 20.
+        coefficient: ``(getter, setter)`` callables, or a dotted attribute path on the trainer such as
+            ``"args.kl_coef"``, for trainers without a ``beta`` attribute.
+        taps: Reward functions wrapped with :func:`loopguard.tap` to read rewards from (default: tapped
+            functions among ``trainer.reward_funcs`` when the trainer keeps no per-completion logs).
+        group_size: Completions per prompt for tapped rewards (GRPO / RLOO use ``num_generations``).
+        log_path: The JSONL mitigation log; default ``<output_dir>/mitigation_log.jsonl``.
+        guard_options: More :class:`~loopguard.Guard` options (``smoothing``, ``vote``, ``hack_level``, ...).
+        trainer: Bind to this trainer now instead of finding it at the start of training.
+
+    Raises:
+        ConfigError, LoopguardTypeError: at construction for a bad argument, an unknown signal, an
+            ``info_rm`` without ``embed_fn``, a ``gold`` signal without ``gold_fn``, a bool for a number,
+            ``checkpoint`` without a rollback ladder; at the start of training for a trainer whose beta is 0
+            (or not found) in a KL-changing mode, rollback without a checkpoint source, unknown ensemble
+            members, or a trainer with nothing to observe.
+
+    Example:
+        >>> mitigator = RewardHackMitigator(mode="log_only", signals=["repetition", "diversity"])
+        >>> [detector.name for detector in mitigator.guard.detectors]
+        ['repetition', 'diversity']
+        >>> RewardHackMitigator(checkpoint_every=True)
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.LoopguardTypeError: `checkpoint_every` must be an integer (not bool), got True.
+    """
+
+    _name = "RewardHackMitigator"
+
+    def __init__(
+        self,
+        mode: Mode = "kl_control",
+        signals: Sequence[str | Detector] | None = None,
+        *,
+        controller: BangBang | PIDLagrangian | AdaptiveKL | None = None,
+        rollback: bool | EscalationLadder = False,
+        checkpoint: Any = None,
+        checkpoint_every: int = 10,
+        restore_scheduler: bool = False,
+        restore_on_stop: bool = True,
+        halt_on_hack: bool = False,
+        warmup_steps: int = 20,
+        coefficient: Coefficient | None = None,
+        taps: Sequence[TappedReward] | None = None,
+        group_size: int | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+        guard_options: Mapping[str, Any] | None = None,
+        trainer: Any = None,
+    ) -> None:
+        """Validate the configuration and build the Guard (see the class docstring)."""
+        options = dict(guard_options or {})
+        allowed = set(inspect.signature(Guard.__init__).parameters) - {"self"} - _GUARD_KEYS
+        for key in options:
+            if key not in allowed:
+                msg = f"`guard_options` must name Guard options ({', '.join(sorted(allowed))}), got {key!r}."
+                raise ConfigError(msg)
+        if isinstance(rollback, EscalationLadder):
+            ladder: EscalationLadder | None = rollback
+        else:
+            ladder = EscalationLadder() if check_bool("rollback", rollback) else None
+        self.guard = Guard(
+            signals,
+            mode=mode,
+            controller=controller,
+            ladder=ladder,
+            halt_on_hack=halt_on_hack,
+            warmup_steps=warmup_steps,
+            **options,
+        )
+        for detector in self.guard.detectors:
+            if isinstance(detector, InfoRM) and detector.embed_fn is None:
+                msg = (
+                    "signal 'info_rm' needs embeddings, and a trainer has none to put in observations: pass "
+                    "InfoRM(embed_fn=...) (a function from completion texts to an [N, D] array)."
+                )
+                raise ConfigError(msg)
+            if isinstance(detector, GoldAudit) and detector.gold_fn is None:
+                msg = (
+                    "signal 'gold' needs gold scores, and a trainer has none to put in observations: pass "
+                    "GoldAudit(gold_fn=...) (a judge scoring (prompts, completions))."
+                )
+                raise ConfigError(msg)
+        self.checkpoint_every = check_int("checkpoint_every", checkpoint_every, lo=1)
+        self.restore_scheduler = check_bool("restore_scheduler", restore_scheduler)
+        self.restore_on_stop = check_bool("restore_on_stop", restore_on_stop)
+        self._manager = None if checkpoint is None else open_manager(checkpoint)
+        if self._manager is not None and (ladder is None or ladder.max_rollbacks == 0):
+            msg = (
+                "`checkpoint` is only used for rollbacks: pass rollback=True (or an EscalationLadder with "
+                f"max_rollbacks >= 1) too, got rollback={rollback!r}."
+            )
+            raise ConfigError(msg)
+        self._coefficient = check_coefficient(coefficient)
+        self._taps: list[TappedReward] | None = None
+        if taps is not None:
+            if isinstance(taps, (str, bytes)) or not isinstance(taps, Sequence) or not taps:
+                msg = (
+                    f"`taps` must be a non-empty list of loopguard.tap(...) functions, got {describe(taps)}."
+                )
+                raise LoopguardTypeError(msg)
+            for index, fn in enumerate(taps):
+                if not is_tapped(fn):
+                    msg = f"`taps[{index}]` must be wrapped with loopguard.tap(...), got {describe(fn)}."
+                    raise LoopguardTypeError(msg)
+            self._taps = list(taps)
+        self.group_size = None if group_size is None else check_int("group_size", group_size, lo=2)
+        self.log_path = None if log_path is None else check_path("log_path", log_path)
+        self._accessor: BetaAccessor | None = None
+        self._source: GenerationSource | TapSource | MetricSource | None = None
+        self._store: RollbackStore | None = None
+        self._own_store = False
+        self._members: tuple[str, ...] | None = None
+        self._log: MitigationLog | None = None
+        self._ready = False
+        self._onset: int | None = None
+        self.rollbacks: list[dict[str, int]] = []
+        self.last_decision: Decision | None = None
+        self._since_log: dict[str, float] = {}
+        super().__init__(trainer)
+
+    # ------------------------------------------------------------------------------------------- helpers
+
+    @property
+    def beta(self) -> float | None:
+        """The trainer's KL coefficient now (None when the trainer has none or is not bound yet)."""
+        if self._accessor is None:
+            return None
+        try:
+            return self._accessor.get()
+        except LoopguardError:
+            return None
+
+    @property
+    def checkpoints(self) -> Any:
+        """The CheckpointManager used for rollbacks (None when there is none)."""
+        return None if self._store is None else self._store.manager
+
+    def state_dict(self) -> dict[str, Any]:
+        """The mitigator's state as plain JSON (the Guard's state, beta, rollbacks, the hack's onset)."""
+        return {
+            "kind": STATE_KIND,
+            "version": STATE_VERSION,
+            "mode": self.guard.mode,
+            "beta": self.beta,
+            "guard": self.guard.state_dict(),
+            "rollbacks": [dict(entry) for entry in self.rollbacks],
+            "onset": self._onset,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (and write its beta into a bound trainer).
+
+        Raises:
+            ConfigError: another kind or version, or a Guard configured differently.
+        """
+        if not isinstance(state, Mapping) or state.get("kind") != STATE_KIND:
+            msg = f"`state` must be a RewardHackMitigator.state_dict(), got {describe(state)}."
+            raise ConfigError(msg)
+        if state.get("version") != STATE_VERSION:
+            msg = f"`state['version']` must be {STATE_VERSION}, got {describe(state.get('version'))}."
+            raise ConfigError(msg)
+        self.guard.load_state_dict(state["guard"])
+        self.rollbacks = [
+            {str(k): int(v) for k, v in entry.items()}
+            for entry in state.get("rollbacks", [])
+            if isinstance(entry, Mapping)
+        ]
+        onset = state.get("onset")
+        self._onset = onset if isinstance(onset, int) and not isinstance(onset, bool) else None
+        beta = self.guard.beta
+        if self._accessor is not None and self.guard.mode != "log_only" and beta is not None:
+            self._accessor.set(float(beta))
+
+    # ------------------------------------------------------------------------------------------- events
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Find the trainer, check the configuration against it (fail fast), restore state on resume."""
+        try:
+            self._setup(args, state)
+        except LoopguardError:
+            raise
+        except Exception as error:
+            self._ready = False
+            self._failed("on_train_begin", error)
+
+    def _setup(self, args: TrainingArguments, state: TrainerState) -> None:
+        trainer = self._attach()
+        mode = self.guard.mode
+        self._accessor = resolve_accessor(trainer, self._coefficient)
+        if mode != "log_only":
+            check_kl_term(trainer, self._accessor, mode)
+            if getattr(trainer, "_beta", None) is not None and isinstance(trainer._beta, list):
+                self._warn_once(
+                    "schedule",
+                    "loopguard replaces online DPO's per-epoch beta schedule with the one beta it controls.",
+                )
+        self._source = choose_source(trainer, taps=self._taps, group_size=self.group_size)
+        if self._source is None:
+            msg = (
+                f"RewardHackMitigator cannot read rewards from {type(trainer).__name__}: wrap the reward "
+                "function with loopguard.tap(...) and pass taps=[...] (or add the tapped function to the "
+                "trainer's reward_funcs)."
+            )
+            raise ConfigError(msg)
+        self._members = self._ensemble_members(trainer)
+        self._setup_store(trainer, args)
+        if state.is_world_process_zero:
+            path = self.log_path or os.path.join(str(args.output_dir), "mitigation_log.jsonl")
+            self._log = MitigationLog(path)
+        self._resume(args, state)
+        self._ready = True
+
+    def _ensemble_members(self, trainer: Any) -> tuple[str, ...] | None:
+        detector = next((d for d in self.guard.detectors if isinstance(d, RMEnsemble)), None)
+        if detector is None or self._source is None:
+            return None
+        names = self._source.function_names()
+        members = detector.members
+        if members is None or (isinstance(members, int) and members == len(names)):
+            chosen = names
+        elif isinstance(members, tuple):
+            missing = [name for name in members if name not in names]
+            if missing:
+                msg = (
+                    "`RMEnsemble(members=...)` must name reward functions of the trainer "
+                    f"({', '.join(names)}), "
+                    f"got unknown {', '.join(repr(name) for name in missing)}."
+                )
+                raise ConfigError(msg)
+            chosen = members
+        else:
+            msg = (
+                f"`RMEnsemble(members={members})` must name the trainer's reward functions to use (it has "
+                f"{len(names)}: {', '.join(names)}), got a count that does not match."
+            )
+            raise ConfigError(msg)
+        if len(chosen) < 2:
+            msg = (
+                "signal 'rm_ensemble' needs at least 2 reward functions to compare, got "
+                f"{len(chosen)} ({', '.join(chosen) or 'none'}): add watched members with weight 0."
+            )
+            raise ConfigError(msg)
+        return tuple(chosen)
+
+    def _setup_store(self, trainer: Any, args: TrainingArguments) -> None:
+        ladder = self.guard.ladder
+        wants = ladder is not None and ladder.max_rollbacks > 0
+        if self._manager is not None:
+            if self._store is None or self._store.manager is not self._manager:
+                self._store = RollbackStore(self._manager, self.checkpoint_every, confirm=True)
+            self._own_store = True
+        else:
+            attached = next(
+                (cb for cb in trainer.callback_handler.callbacks if isinstance(cb, RLCheckpointCallback)),
+                None,
+            )
+            self._store = None if attached is None else attached._store_for(trainer, args)
+            self._own_store = False
+        if wants and self._store is None:
+            msg = (
+                "rollback needs a checkpoint source: pass checkpoint='<directory>' (or a CheckpointManager) "
+                "to RewardHackMitigator, or add an RLCheckpointCallback to the trainer."
+            )
+            raise ConfigError(msg)
+
+    def _resume(self, args: TrainingArguments, state: TrainerState) -> None:
+        if state.global_step <= 0:
+            return
+        folder = self._resume_from or checkpoint_dir(args, state)
+        path = os.path.join(folder, STATE_FILE)
+        if not os.path.isfile(path):
+            self._warn_once(
+                "resume",
+                f"loopguard: resuming at step {state.global_step} without {path}; the Guard starts fresh "
+                "(new warm-up and baselines).",
+            )
+            return
+        try:
+            with open(path, encoding="utf-8") as handle:
+                payload = json.load(handle)
+        except (OSError, ValueError) as error:
+            self._warn_once("resume", f"loopguard: could not read {path} ({error}); the Guard starts fresh.")
+            return
+        self.load_state_dict(payload)
+        logger.info("loopguard: restored the mitigator state from %s (beta %s)", path, self.beta)
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Observe a new generation batch (once), decide, apply, log; save a rollback checkpoint when due."""
+        if not self._ready or self._source is None:
+            return
+        try:
+            batch = self._source.poll(int(state.global_step))
+            if batch is not None:
+                observation = self._observation(batch)
+                onset = self._onset if self._onset is not None else int(state.global_step)
+                can_rollback = self._store is not None and self._store.can_rollback(onset)
+                decision = self.guard.step(observation, can_rollback=can_rollback)
+                self._apply(decision, observation, batch, args, state, control)
+            if self._own_store and self._store is not None:
+                healthy = self.last_decision is None or (
+                    self.last_decision.verdict == "OK" and not self.guard.stopped
+                )
+                self._store.save(self._trainer, args, state, healthy, self.state_dict)
+        except Exception as error:
+            self._failed("on_step_end", error)
+
+    def _observation(self, batch: Batch) -> Observation:
+        ensemble = None
+        if self._members is not None:
+            rows = [batch.functions.get(name) for name in self._members]
+            if all(row is not None and None not in row for row in rows):
+                ensemble = [list(row or ()) for row in rows]
+        beta = self.beta
+        return Observation(
+            batch.step,
+            list(batch.rewards),
+            completions=None if batch.completions is None else list(batch.completions),
+            completion_ids=None
+            if batch.completion_ids is None
+            else [list(row) for row in batch.completion_ids],
+            group_size=batch.group_size,
+            kl=batch.kl,
+            entropy=None if batch.entropy is None else max(0.0, batch.entropy),
+            ensemble_scores=ensemble,
+            prompts=None if batch.prompts is None else list(batch.prompts),
+            beta=beta if beta is not None and beta > 0 else None,
+        )
+
+    def _apply(
+        self,
+        decision: Decision,
+        observation: Observation,
+        batch: Batch,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+    ) -> None:
+        extra: dict[str, Any] = {"source": batch.source}
+        if batch.metrics:
+            extra["trainer_metrics"] = dict(batch.metrics)
+        if batch.notes:
+            extra["batch_notes"] = list(batch.notes)
+        if decision.verdict == "OK":
+            self._onset = None
+        elif self._onset is None:
+            self._onset = decision.step
+        if self._store is not None:
+            self._store.observe(decision.verdict)
+        accessor = self._accessor if self.guard.mode != "log_only" else None
+        if accessor is not None and decision.beta_after is not None and decision.beta_after != self.beta:
+            accessor.set(float(decision.beta_after))
+            extra["beta_applied"] = decision.beta_after
+        if decision.action == "rollback":
+            extra.update(self._rollback(decision, args, state))
+        if decision.action == "stop" and not control.should_training_stop:
+            control.should_training_stop = True
+            if self.restore_on_stop and self._store is not None:
+                extra.update(self._restore_at_stop(decision, args, state))
+            logger.warning("loopguard stopped training: %s", decision.explanation)
+        elif decision.action == "rollback":
+            logger.warning("loopguard: %s", decision.explanation)
+        elif decision.action != "none":
+            logger.info("loopguard: %s", decision.explanation)
+        self.last_decision = decision
+        self._since_log["verdict"] = _worse(self._since_log.get("verdict"), VERDICT_CODES[decision.verdict])
+        self._since_log["action"] = _worse(self._since_log.get("action"), ACTION_CODES[decision.action])
+        if self._log is not None:
+            record = MitigationRecord.from_decision(decision, mode=self.guard.mode, observation=observation)
+            self._log.append(attrs.evolve(record, extra={**dict(record.extra or {}), "adapter": extra}))
+
+    def _rollback(self, decision: Decision, args: TrainingArguments, state: TrainerState) -> dict[str, Any]:
+        if self._store is None:
+            return {"rollback_error": "no checkpoint store"}
+        before = self._onset if self._onset is not None else decision.step
+        try:
+            restored = self._store.rollback(
+                self._trainer, args, state, before_step=before, restore_scheduler=self.restore_scheduler
+            )
+        except Exception as error:
+            self._failed("rollback", error)
+            return {"rollback_error": f"{type(error).__name__}: {error}"}
+        entry = {"step": int(decision.step), "restored_step": restored}
+        self.rollbacks.append(entry)
+        self._onset = None
+        logger.warning(
+            "loopguard: rolled back to the checkpoint of step %d at step %d", restored, decision.step
+        )
+        return {"rolled_back_to": restored}
+
+    def _restore_at_stop(
+        self, decision: Decision, args: TrainingArguments, state: TrainerState
+    ) -> dict[str, Any]:
+        if self._store is None:
+            return {}
+        before = self._onset if self._onset is not None else decision.step
+        if not self._store.can_rollback(before):
+            return {"restored_at_stop": None}
+        try:
+            restored = self._store.rollback(
+                self._trainer, args, state, before_step=before, restore_scheduler=self.restore_scheduler
+            )
+        except Exception as error:
+            self._failed("restore_on_stop", error)
+            return {"restore_error": f"{type(error).__name__}: {error}"}
+        logger.warning(
+            "loopguard: stopped at step %d with the weights of step %d restored", decision.step, restored
+        )
+        return {"restored_at_stop": restored}
+
+    def metrics(self) -> dict[str, float]:
+        """The ``loopguard/*`` values for the next log (see the class docstring for the codes)."""
+        out: dict[str, float] = {}
+        beta = self.beta
+        if beta is not None:
+            out["loopguard/beta"] = beta
+        decision = self.last_decision
+        latest = 0.0 if decision is None else VERDICT_CODES[decision.verdict]
+        out["loopguard/verdict"] = self._since_log.get("verdict", latest)
+        out["loopguard/vote"] = 0.0 if decision is None else float(decision.vote)
+        out["loopguard/action"] = self._since_log.get("action", 0.0)
+        scores = {} if decision is None else decision.scores
+        for detector in self.guard.detectors:  # 0 while warming up or when the signal had no input
+            score = scores.get(detector.name, 0.0)
+            out[f"loopguard/score/{detector.name}"] = float(score) if math.isfinite(score) else 0.0
+        out["loopguard/warming_up"] = 1.0 if decision is None or decision.warming_up else 0.0
+        out["loopguard/rollbacks"] = float(len(self.rollbacks))
+        return out
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add the ``loopguard/*`` metrics to a training log (before the reporting integrations see it)."""
+        if not self._ready or logs is None or _is_eval_log(logs):
+            return
+        try:
+            _inject(state, logs, self.metrics())
+            self._since_log = {}
+        except Exception as error:
+            self._failed("on_log", error)
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Write ``loopguard_state.json`` into the ``checkpoint-N`` folder just saved (main process)."""
+        if not self._ready or not state.is_world_process_zero:
+            return
+        try:
+            folder = checkpoint_dir(args, state)
+            if not os.path.isdir(folder):
+                self._warn_once(
+                    "save", f"loopguard: no checkpoint folder {folder} to write {STATE_FILE} into."
+                )
+                return
+            path = os.path.join(folder, STATE_FILE)
+            temp = f"{path}.tmp"
+            with open(temp, "w", encoding="utf-8") as handle:
+                json.dump(self.state_dict(), handle)
+            os.replace(temp, path)
+        except Exception as error:
+            self._failed("on_save", error)
+
+
+# -------------------------------------------------------------------------------------------- echo traps
+
+
+class EchoTrapCallback(_Bound):
+    """Flag echo traps: the n-gram repetition rate of each generation batch, OK / WARN / TRAP, halt on TRAP.
+
+    Reads each new generation batch once (GRPO / RLOO logs, or :func:`loopguard.tap` records). Repetition is
+    measured on token ids -- those the tapped reward function received, or the completions tokenised with the
+    trainer's tokenizer -- and on whitespace-separated words only when there is no tokenizer. The batch-mean
+    rate is classified by :func:`~loopguard.signals.classify_echo`: OK below ``warn``, WARN from ``warn``,
+    TRAP from ``threshold``. Logged as ``loopguard/echo/repetition`` and ``loopguard/echo/verdict`` (0 OK,
+    1 WARN, 2 TRAP: the worst since the last logging step).
+
+    Args:
+        threshold: TRAP from this batch-mean repetition rate, in (0, 1]. Default 0.6.
+        halt: Stop training (``control.should_training_stop``) on TRAP. Default True.
+        n: n-gram size, in [1, 32]. Default 2.
+        warn: WARN from this rate, in (0, threshold). Default ``threshold / 2``.
+        trainer: Bind to this trainer now instead of finding it at the start of training.
+
+    Raises:
+        ConfigError, LoopguardTypeError: a bad argument (at construction), or a trainer that exposes no
+            completions (at the start of training).
+
+    Example:
+        >>> callback = EchoTrapCallback(threshold=0.5, halt=False)
+        >>> callback.classify(["x y x y x y x y"] * 4)  # 5 of the 7 bigrams repeat an earlier one
+        (0.714286, 'TRAP')
+        >>> EchoTrapCallback(threshold=1.5)
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.ConfigError: `threshold` must be in (0, 1], got 1.5.
+    """
+
+    _name = "EchoTrapCallback"
+
+    def __init__(
+        self,
+        threshold: float = 0.6,
+        halt: bool = True,
+        n: int = 2,
+        *,
+        warn: float | None = None,
+        trainer: Any = None,
+    ) -> None:
+        """Validate the bands (see the class docstring)."""
+        self.threshold = check_real("threshold", threshold, lo=0.0, hi=1.0, lo_inclusive=False)
+        self.halt = check_bool("halt", halt)
+        self.n = check_int("n", n, lo=1, hi=32)
+        self.warn = (
+            self.threshold / 2
+            if warn is None
+            else check_real("warn", warn, lo=0.0, hi=self.threshold, lo_inclusive=False, hi_inclusive=False)
+        )
+        self._source: GenerationSource | TapSource | MetricSource | None = None
+        self._ready = False
+        self.last: tuple[int, float, str] | None = None
+        self._worst: float | None = None
+        super().__init__(trainer)
+
+    def classify(self, completions: Sequence[Any]) -> tuple[float, str]:
+        """Batch-mean repetition rate of ``completions`` (texts or token-id lists) and its verdict."""
+        rate = float(ngram_repetition_rate(list(completions), n=self.n))
+        return round(rate, 6), classify_echo(rate, warn=self.warn, trap=self.threshold)
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Find the trainer and its completions (fail fast when it has none)."""
+        trainer = self._attach()
+        source = choose_source(trainer)
+        if source is None or isinstance(source, MetricSource):
+            msg = (
+                f"EchoTrapCallback needs completions, and {type(trainer).__name__} exposes none: wrap its "
+                "reward function with loopguard.tap(...)."
+            )
+            raise ConfigError(msg)
+        self._source = source
+        self._ready = True
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Classify a new generation batch; stop on TRAP when ``halt``."""
+        if not self._ready or self._source is None:
+            return
+        try:
+            batch = self._source.poll(int(state.global_step))
+            if batch is None or not batch.completions:
+                return
+            sequences: Sequence[Any] = (
+                batch.completion_ids if batch.completion_ids is not None else batch.completions
+            )
+            rate, verdict = self.classify(
+                [list(row) if not isinstance(row, str) else row for row in sequences]
+            )
+            self.last = (batch.step, rate, verdict)
+            self._worst = _worse(self._worst, _ECHO_CODES[verdict])
+            if verdict != "OK":
+                example = max(batch.completions, key=lambda text: len(text))[:80]
+                message = (
+                    f"loopguard echo {verdict} at step {batch.step}: mean {self.n}-gram repetition "
+                    f"{rate:.3f} >= {self.threshold if verdict == 'TRAP' else self.warn:g}; e.g. {example!r}"
+                )
+                if verdict == "TRAP" and self.halt:
+                    control.should_training_stop = True
+                    message += "; stopping training (halt=True)"
+                logger.warning(message)
+        except Exception as error:
+            self._failed("on_step_end", error)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add ``loopguard/echo/*`` to a training log."""
+        if not self._ready or logs is None or _is_eval_log(logs) or self.last is None:
+            return
+        try:
+            metrics = {
+                "loopguard/echo/repetition": self.last[1],
+                "loopguard/echo/verdict": self._worst or 0.0,
+            }
+            _inject(state, logs, metrics)
+            self._worst = None
+        except Exception as error:
+            self._failed("on_log", error)
+
+
+# -------------------------------------------------------------------------------------------- checkpoints
+
+
+class RLCheckpointCallback(_Bound):
+    """Mid-epoch RL checkpoints through a :class:`~loopguard.checkpoint.CheckpointManager`.
+
+    Every ``save_every_steps`` optimizer steps it saves the policy, the optimizer, the LR scheduler, the RNG
+    states, the reference model when TRL keeps it in sync (``sync_ref_model=True``; a fixed reference needs
+    no copy) and, when a :class:`RewardHackMitigator` is attached, the mitigator's state as ``extra_state``.
+    It is the rollback source for a mitigator given no ``checkpoint=``: a checkpoint is marked good once the
+    mitigator's verdicts stayed OK until the next save (immediately when no mitigator is attached), and the
+    mitigator skips saving while a hack is suspected. Saves happen on the main process; rotation keeps the
+    ``keep_last`` newest checkpoints plus the newest good one.
+
+    Args:
+        save_every_steps: Optimizer steps between saves, >= 1.
+        keep_last: Newest checkpoints to keep, >= 1. Default 3.
+        directory: The store's folder; default ``<output_dir>/loopguard_checkpoints``.
+        manager: Use this CheckpointManager instead of creating one (``directory`` must then be None).
+        trainer: Bind to this trainer now instead of finding it at the start of training.
+
+    Example:
+        >>> import tempfile
+        >>> callback = RLCheckpointCallback(save_every_steps=50, directory=tempfile.mkdtemp())
+        >>> callback.save_every_steps, callback.keep_last
+        (50, 3)
+    """
+
+    _name = "RLCheckpointCallback"
+
+    def __init__(
+        self,
+        save_every_steps: int,
+        keep_last: int = 3,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        manager: Any = None,
+        trainer: Any = None,
+    ) -> None:
+        """Validate the settings (see the class docstring)."""
+        self.save_every_steps = check_int("save_every_steps", save_every_steps, lo=1)
+        self.keep_last = check_int("keep_last", keep_last, lo=1)
+        if manager is not None and directory is not None:
+            msg = f"`directory` must be None when a manager is given, got {describe(os.fspath(directory))}."
+            raise ConfigError(msg)
+        self.directory = None if directory is None else check_path("directory", directory)
+        self._manager = None if manager is None else open_manager(manager)
+        self._store: RollbackStore | None = None
+        self._mitigator: RewardHackMitigator | None = None
+        self._ready = False
+        super().__init__(trainer)
+
+    @property
+    def manager(self) -> Any:
+        """The CheckpointManager (created at the start of training when only a directory was given)."""
+        return None if self._store is None else self._store.manager
+
+    def _store_for(self, trainer: Any, args: Any) -> RollbackStore:
+        if self._store is None:
+            manager = self._manager
+            if manager is None:
+                folder = self.directory or os.path.join(str(args.output_dir), "loopguard_checkpoints")
+                manager = open_manager(folder, keep_last=self.keep_last)
+            self._store = RollbackStore(manager, self.save_every_steps, confirm=True)
+        return self._store
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Find the trainer and an attached mitigator; create the store."""
+        trainer = self._trainer
+        if trainer is None or not holds(trainer, self):
+            found, _ = find_trainer(self)
+            trainer = trainer if trainer is not None else found
+            if trainer is None:
+                msg = "RLCheckpointCallback could not find its trainer: pass trainer=... or .bind(trainer)."
+                raise ConfigError(msg)
+        self._trainer = trainer
+        self._mitigator = next(
+            (cb for cb in trainer.callback_handler.callbacks if isinstance(cb, RewardHackMitigator)), None
+        )
+        store = self._store_for(trainer, args)
+        store.confirm = self._mitigator is not None
+        self._ready = True
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Save a checkpoint when due (after the mitigator's decision for this step)."""
+        if not self._ready or self._store is None:
+            return
+        try:
+            mitigator = self._mitigator
+            healthy = True
+            if mitigator is not None:
+                decision = mitigator.last_decision
+                healthy = decision is None or (decision.verdict == "OK" and not mitigator.guard.stopped)
+            extra = None if mitigator is None else mitigator.state_dict
+            self._store.save(self._trainer, args, state, healthy, extra)
+        except Exception as error:
+            self._failed("on_step_end", error)

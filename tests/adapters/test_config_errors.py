@@ -1,0 +1,112 @@
+"""Configuration errors fail fast: at construction, or at the start of training before the first step."""
+
+import pytest
+from adapter_helpers import grpo_trainer, make_echo_reward
+
+import loopguard
+from loopguard import (
+    ConfigError,
+    EscalationLadder,
+    GoldAudit,
+    InfoRM,
+    LoopguardTypeError,
+    RewardHackMitigator,
+    RLCheckpointCallback,
+)
+
+
+def test_beta_zero_without_a_reference_model_fails_at_train_start(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], beta=0.0, max_steps=3)
+    assert trainer.ref_model is None  # TRL builds no reference model when beta == 0
+    trainer.add_callback(RewardHackMitigator(mode="kl_control"))
+    with pytest.raises(ConfigError, match=r"no reference model .* Start with a small beta such as 1e-3"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+@pytest.mark.parametrize("mode", ["pid_lagrangian", "adaptive_kl"])
+def test_every_kl_changing_mode_refuses_beta_zero(model_dir, tokenizer, tmp_path, mode):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], beta=0.0, max_steps=3)
+    trainer.add_callback(RewardHackMitigator(mode=mode))
+    with pytest.raises(ConfigError, match=r"trainer\.beta is 0\.0"):
+        trainer.train()
+
+
+def test_info_rm_without_embeddings():
+    with pytest.raises(ConfigError, match="signal 'info_rm' needs embeddings"):
+        RewardHackMitigator(signals=["repetition", "info_rm"])
+    with pytest.raises(ConfigError, match=r"pass InfoRM\(embed_fn=\.\.\.\)"):
+        RewardHackMitigator(signals=[InfoRM(from_observations=True)])
+
+
+def test_gold_without_a_judge():
+    with pytest.raises(ConfigError, match=r"pass GoldAudit\(gold_fn=\.\.\.\)"):
+        RewardHackMitigator(signals=[GoldAudit()])
+
+
+def test_unknown_signal():
+    with pytest.raises(ConfigError, match=r"`signals` must name known signals .*got 'sentiment'"):
+        RewardHackMitigator(signals=["sentiment"])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"warmup_steps": True}, "`warmup_steps` must be an integer (not bool), got True."),
+        ({"checkpoint_every": True}, "`checkpoint_every` must be an integer (not bool), got True."),
+        ({"group_size": False}, "`group_size` must be an integer (not bool), got False."),
+        ({"halt_on_hack": 1}, "`halt_on_hack` must be a bool, got 1 of type int."),
+        ({"rollback": 1}, "`rollback` must be a bool, got 1 of type int."),
+    ],
+)
+def test_bool_for_a_number_and_number_for_a_bool(kwargs, message):
+    with pytest.raises(LoopguardTypeError) as error:
+        RewardHackMitigator(**kwargs)
+    assert str(error.value) == message
+
+
+def test_rollback_without_a_checkpoint_source_fails_at_train_start(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=3)
+    trainer.add_callback(RewardHackMitigator(rollback=True))
+    with pytest.raises(ConfigError, match=r"rollback needs a checkpoint source: pass checkpoint="):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_rollback_with_an_rl_checkpoint_callback_is_a_source(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=2)
+    mitigator = RewardHackMitigator(rollback=True, warmup_steps=3)
+    trainer.add_callback(mitigator)
+    trainer.add_callback(RLCheckpointCallback(save_every_steps=1, directory=tmp_path / "store"))
+    trainer.train()
+    assert mitigator.checkpoints.directory == (tmp_path / "store").resolve()
+
+
+def test_other_configuration_errors(tmp_path):
+    with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
+        RewardHackMitigator(checkpoint=tmp_path)
+    with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
+        RewardHackMitigator(checkpoint=tmp_path, rollback=EscalationLadder(max_rollbacks=0))
+    with pytest.raises(ConfigError, match="`controller` must be None with mode='log_only'"):
+        RewardHackMitigator(mode="log_only", controller=loopguard.BangBang())
+    with pytest.raises(ConfigError, match="`ladder` must be None with mode='log_only'"):
+        RewardHackMitigator(mode="log_only", rollback=True)
+    with pytest.raises(ConfigError, match="`guard_options` must name Guard options"):
+        RewardHackMitigator(guard_options={"warmup": 5})
+    with pytest.raises(LoopguardTypeError, match=r"`taps\[0\]` must be wrapped with loopguard.tap"):
+        RewardHackMitigator(taps=[lambda prompts, completions, **kw: [0.0]])
+    with pytest.raises(LoopguardTypeError, match="`coefficient` must be"):
+        RewardHackMitigator(coefficient=("kl_coef", 0.1))
+    with pytest.raises(LoopguardTypeError, match="`checkpoint` must be a CheckpointManager or a directory"):
+        RewardHackMitigator(checkpoint=3, rollback=True)
+
+
+def test_unknown_ensemble_members_fail_at_train_start(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=2)
+    trainer.add_callback(
+        RewardHackMitigator(signals=[loopguard.RMEnsemble(members=("echo_reward", "judge"))])
+    )
+    with pytest.raises(
+        ConfigError, match=r"must name reward functions of the trainer \(echo_reward\).*'judge'"
+    ):
+        trainer.train()

@@ -1,0 +1,83 @@
+"""EchoTrapCallback on a real GRPO run, and signals built from the trainer's own reward functions."""
+
+import numpy as np
+import pytest
+from adapter_helpers import Spy, grpo_trainer, make_echo_reward
+
+from loopguard import EchoTrapCallback, GoldAudit, RewardHackMitigator, RMEnsemble, read_mitigation_log
+from loopguard.adapters.hf_trainer import EchoTrapCallback as Direct
+
+
+def test_echo_trap_halts_a_real_echo_trap(model_dir, tokenizer, tmp_path):
+    echo = EchoTrapCallback(threshold=0.6, halt=True)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(4)], max_steps=60)
+    trainer.add_callback(echo)
+    spy = Spy()
+    trainer.add_callback(spy)
+    trainer.train()
+
+    step, rate, verdict = echo.last
+    assert verdict == "TRAP"
+    assert rate >= 0.6
+    assert trainer.state.global_step == step < 60  # halted at the first TRAP
+    codes = [logs["loopguard/echo/verdict"] for logs in spy.logs if "loss" in logs]
+    assert codes[-1] == 2.0
+    assert codes[0] == 0.0
+    assert Direct is EchoTrapCallback
+
+
+def test_echo_trap_without_halt_only_reports(model_dir, tokenizer, tmp_path):
+    echo = EchoTrapCallback(threshold=0.6, halt=False, n=2)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(4)], max_steps=25)
+    trainer.add_callback(echo)
+    trainer.train()
+    assert trainer.state.global_step == 25
+    assert echo.last[2] == "TRAP"
+
+
+def test_rm_ensemble_from_the_trainers_reward_functions_with_a_watched_member(model_dir, tokenizer, tmp_path):
+    # Two reward functions; the second has weight 0 in training (watched, not trained on). They agree until
+    # the proxy's bug appears at step 8, then disagree on every "x" the policy writes.
+    def judge(completions, **kwargs):
+        return [len(set(text.split())) / 8 for text in completions]
+
+    proxy = make_echo_reward(8)
+    mitigator = RewardHackMitigator(
+        mode="log_only", signals=[RMEnsemble(members=("echo_reward", "judge"))], warmup_steps=4
+    )
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [proxy, judge], max_steps=30, reward_weights=[1.0, 0.0]
+    )
+    trainer.add_callback(mitigator)
+    trainer.train()
+
+    records = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
+    disagreement = [r["signals"].get("rm_ensemble.disagreement") for r in records]
+    assert all(value is not None for value in disagreement)
+    assert max(disagreement[:7]) < 1e-9  # identical members before the bug
+    assert max(disagreement[-5:]) > 0.1
+    assert records[-1]["verdict"] == "HACK"
+    # the proxy fed to the Guard is TRL's weighted sum: the watched judge contributes nothing
+    assert records[-1]["reward_mean"] == pytest.approx(np.mean(list(trainer._logs["rewards"]["echo_reward"])))
+
+
+def test_gold_audit_with_a_judge(model_dir, tokenizer, tmp_path):
+    calls = []
+
+    def gold_fn(prompts, completions):
+        calls.append(len(completions))
+        return [len(set(text.split())) / 8 for text in completions]
+
+    mitigator = RewardHackMitigator(
+        mode="log_only",
+        signals=["repetition", GoldAudit(gold_fn=gold_fn, every=2, sample_size=8)],
+        warmup_steps=4,
+    )
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=30)
+    trainer.add_callback(mitigator)
+    trainer.train()
+    assert calls
+    assert set(calls) == {8}
+    assert len(calls) == 15
+    records = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
+    assert records[-1]["signals"]["gold"] >= 0.3  # gold fell while the proxy rose

@@ -1,0 +1,261 @@
+"""RewardHackMitigator on TRL's real GRPOTrainer (tiny GPT-2 from a config, CPU, no hub).
+
+The hack is real: the proxy reward starts paying for the word ``x`` at a given step (see conftest's echo
+hack) and the policy learns to repeat it within about ten steps. Nothing in the Guard's input is simulated:
+it reads the completions, rewards, KL and entropy the trainer computed.
+"""
+
+import json
+import warnings
+
+import pytest
+import torch
+from adapter_helpers import Spy, grpo_trainer, make_echo_reward
+
+from loopguard import BangBang, EscalationLadder, RewardHackMitigator, read_mitigation_log, shape_reward
+from loopguard.checkpoint import CheckpointManager
+
+
+def _records(output_dir):
+    return read_mitigation_log(f"{output_dir}/mitigation_log.jsonl")
+
+
+def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it_clears(
+    model_dir, tokenizer, tmp_path
+):
+    # The reward bug is live for steps [12, 24): long enough for the policy to collapse into "x x x ...".
+    mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=6, controller=BangBang(gain=3.0))
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(12, 24)], max_steps=60, beta=0.05
+    )
+    spy = Spy()
+    spy.trainer = trainer
+    trainer.add_callback(mitigator)  # exactly the line users write: no trainer= argument
+    trainer.add_callback(spy)
+    trainer.train()
+
+    assert mitigator.trainer is trainer
+    records = _records(tmp_path)
+    assert [r["step"] for r in records] == list(range(1, 61))  # one decision per generation batch
+    first_hack = next(r["step"] for r in records if r["verdict"] == "HACK")
+    first_raise = next(r["step"] for r in records if r["action"] == "raise_beta")
+    assert 12 < first_hack <= first_raise  # nothing before the bug; beta rises only after the trip
+    peak = max(spy.betas.values())
+    assert peak >= 0.5  # 0.05 * 3^k up to the 1.0 ceiling
+    last_hack = max(r["step"] for r in records if r["verdict"] == "HACK")
+    assert last_hack < 45  # the echo trap cleared after the bug went away
+    lowered = [r["step"] for r in records if r["action"] == "lower_beta"]
+    assert lowered
+    assert min(lowered) > last_hack
+    assert trainer.beta == pytest.approx(0.05)  # relaxed back to the user's beta, never below
+    assert min(spy.betas.values()) == pytest.approx(0.05)
+    for r in records:  # the decision was applied to the trainer at the step it was taken
+        assert spy.betas[r["step"]] == pytest.approx(r["beta_after"])
+    raise_record = next(r for r in records if r["action"] == "raise_beta")
+    assert "Raised beta 0.05 -> 0.15" in raise_record["explanation"]
+
+
+def test_log_only_never_changes_beta(model_dir, tokenizer, tmp_path):
+    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=6)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30)
+    spy = Spy()
+    spy.trainer = trainer
+    trainer.add_callback(mitigator)
+    trainer.add_callback(spy)
+    trainer.train()
+
+    records = _records(tmp_path)
+    assert any(r["verdict"] == "HACK" for r in records)  # it saw the hack ...
+    assert {r["action"] for r in records} == {"none"}  # ... and did nothing about it
+    assert set(spy.betas.values()) == {0.01}
+    assert trainer.beta == 0.01
+    assert {r["beta_after"] for r in records} == {0.01}
+    # the trainer's own per-step numbers are recorded next to each decision
+    reported = records[-1]["extra"]["adapter"]["trainer_metrics"]
+    assert {"reward_std", "frac_reward_zero_std", "completions/clipped_ratio"} <= set(reported)
+
+
+def test_each_generation_batch_is_observed_once(model_dir, tokenizer, tmp_path):
+    # num_iterations=2: TRL generates on steps 1, 3, 5, ... and reuses each batch for a second update.
+    # log_only also runs on GRPO's default beta of 0 (there is no KL term to control).
+    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=10, num_iterations=2, beta=0.0
+    )
+    trainer.add_callback(mitigator)
+    trainer.train()
+    assert [r["step"] for r in _records(tmp_path)] == [1, 3, 5, 7, 9]
+    assert mitigator.guard.state_dict()["seen"] == 5
+
+
+def test_loopguard_metrics_reach_every_log_before_the_reporters(model_dir, tokenizer, tmp_path):
+    reporter = Spy()  # stands for TensorBoard / W&B: registered at construction, i.e. before the mitigator
+    trainer = grpo_trainer(
+        model_dir,
+        tokenizer,
+        tmp_path,
+        [make_echo_reward(8)],
+        max_steps=12,
+        logging_steps=3,
+        callbacks=[reporter],
+    )
+    mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=3)
+    trainer.add_callback(mitigator)
+    trainer.train()
+
+    train_logs = [logs for logs in reporter.logs if "loss" in logs]
+    assert len(train_logs) == 4  # logging steps 3, 6, 9, 12
+    expected = {
+        "loopguard/beta",
+        "loopguard/verdict",
+        "loopguard/vote",
+        "loopguard/action",
+        "loopguard/warming_up",
+        "loopguard/rollbacks",
+        "loopguard/score/repetition",
+        "loopguard/score/diversity",
+    }
+    for logs in train_logs:
+        assert expected <= set(logs), sorted(expected - set(logs))
+        assert logs["loopguard/verdict"] in (0.0, 1.0, 2.0)
+        assert logs["loopguard/action"] in (0.0, 1.0, 2.0, 3.0, 4.0)
+    assert train_logs[-1]["loopguard/beta"] == trainer.beta
+    assert train_logs[0]["loopguard/warming_up"] == 1.0  # step 3 is the last of 3 warm-up batches
+    assert train_logs[-1]["loopguard/warming_up"] == 0.0
+    history = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert all("loopguard/vote" in entry for entry in history)  # trainer_state.json keeps them too
+
+
+def test_the_guard_scores_the_unshaped_reward(model_dir, tokenizer, tmp_path):
+    def proxy(completions, **kwargs):
+        return [float(len(text.split())) for text in completions]
+
+    shaped = shape_reward(proxy, "length", 0.5, target_length=2)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [shaped], max_steps=4)
+    trainer.add_callback(RewardHackMitigator(mode="log_only", warmup_steps=3))
+    trainer.train()
+    shaped_means = [sum(values) / len(values) for values in [list(trainer._logs["rewards"]["proxy"])]]
+    records = _records(tmp_path)
+    for record in records:
+        # the unshaped reward is the word count (= token count with this tokenizer): its mean is the mean length
+        assert record["reward_mean"] == pytest.approx(record["length_mean"])
+    assert shaped_means[0] < records[-1]["reward_mean"]  # what TRL trained on was lower: the penalty
+
+
+def test_bind_and_trainer_argument(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=2)
+    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3, trainer=trainer)
+    assert mitigator.trainer is trainer
+    trainer.add_callback(mitigator)
+    trainer.train()
+    assert trainer.callback_handler.callbacks[0] is mitigator  # moved before the reporting callbacks
+    assert len(_records(tmp_path)) == 2
+    other = RewardHackMitigator(mode="log_only").bind(trainer)
+    assert other.trainer is trainer
+
+
+def test_a_failure_inside_loopguard_warns_once_and_training_continues(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=30)
+
+    def broken_setter(value):
+        raise RuntimeError("the cluster's parameter server is down")
+
+    mitigator = RewardHackMitigator(
+        mode="kl_control", warmup_steps=3, coefficient=(lambda: trainer.beta, broken_setter)
+    )
+    trainer.add_callback(mitigator)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    ours = [w for w in caught if "RewardHackMitigator.on_step_end failed" in str(w.message)]
+    assert len(ours) == 1
+    assert "parameter server is down" in str(ours[0].message)
+    assert trainer.state.global_step == 30  # training went on
+
+
+def test_pid_lagrangian_rollback_restores_exact_tensors_then_stops_after_max_rollbacks(
+    model_dir, tokenizer, tmp_path
+):
+    def snapshot(trainer, state):
+        return {
+            "weights": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+            "buffer_dropped": trainer._buffered_inputs is None,
+        }
+
+    mitigator = RewardHackMitigator(
+        mode="pid_lagrangian",
+        warmup_steps=4,
+        rollback=EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=0),
+        checkpoint=tmp_path / "rollback",
+        checkpoint_every=2,
+    )
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(8)], max_steps=60)
+    spy = Spy(probe=snapshot)
+    spy.trainer = trainer
+    trainer.add_callback(mitigator)
+    trainer.add_callback(spy)
+    trainer.train()
+
+    records = _records(tmp_path)
+    rollback = next(r for r in records if r["action"] == "rollback")
+    restored = rollback["extra"]["adapter"]["rolled_back_to"]
+    assert restored < rollback["step"]
+    assert restored % 2 == 0
+    assert mitigator.rollbacks == [{"step": rollback["step"], "restored_step": restored}]
+    # the weights right after the rollback are the checkpoint's, tensor for tensor
+    after = spy.probes[rollback["step"]]
+    saved = spy.probes[restored]["weights"]
+    assert after["weights"].keys() == saved.keys()
+    assert all(torch.equal(after["weights"][k], saved[k]) for k in saved)
+    assert after["buffer_dropped"]  # the next batch is generated by the restored policy
+    # ... and the rollback checkpoint on disk holds the mitigator's state
+    manager = CheckpointManager(tmp_path / "rollback")
+    assert restored in manager.steps()
+
+    stop = records[-1]
+    assert stop["action"] == "stop"
+    assert trainer.state.global_step == stop["step"] < 60
+    assert "rollback budget is used up (1 of 1)" in stop["explanation"]
+    assert "What you can change" in stop["explanation"]
+    # restore_on_stop: the trainer ends with a good checkpoint's weights, not the hacked ones
+    at_stop = stop["extra"]["adapter"]["restored_at_stop"]
+    final = trainer.model.state_dict()
+    assert all(torch.equal(final[k], spy.probes[at_stop]["weights"][k]) for k in final)
+
+
+def test_resume_from_checkpoint_restores_the_guard_state(model_dir, tokenizer, tmp_path):
+    def make():
+        return RewardHackMitigator(mode="kl_control", warmup_steps=4, controller=BangBang(gain=3.0))
+
+    first = make()
+    trainer = grpo_trainer(
+        model_dir,
+        tokenizer,
+        tmp_path,
+        [make_echo_reward(6)],
+        max_steps=20,
+        save_strategy="steps",
+        save_steps=20,
+    )
+    trainer.add_callback(first)
+    trainer.train()
+    saved = json.loads((tmp_path / "checkpoint-20" / "loopguard_state.json").read_text())
+    assert saved["beta"] == trainer.beta > 0.01  # the hack tripped and beta was raised before the save
+    assert saved["guard"] == first.guard.state_dict()
+
+    second = make()
+    spy = Spy(probe=lambda t, s: second.guard.state_dict())
+    resumed = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=22, save_strategy="no"
+    )
+    spy.trainer = resumed
+    resumed.add_callback(second)
+    resumed.add_callback(spy)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-20"))
+    assert spy.begin == {"beta": saved["beta"], "step": 20}  # the same beta from the first step on
+    state_after_21 = spy.probes[21]
+    assert state_after_21["seen"] == saved["guard"]["seen"] + 1  # counters continued, not restarted
+    assert (
+        state_after_21["detectors"]["repetition"]["baseline"]
+        == saved["guard"]["detectors"]["repetition"]["baseline"]
+    )
