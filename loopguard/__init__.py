@@ -51,6 +51,7 @@ from loopguard.shaping import shape_reward
 if TYPE_CHECKING:
     from loopguard.adapters.hf_trainer import EchoTrapCallback, RewardHackMitigator, RLCheckpointCallback
     from loopguard.checkpoint import CheckpointManager
+    from loopguard.recipes import IterativeDPO
 
 try:
     __version__ = version("loopguard")
@@ -72,6 +73,7 @@ __all__ = [
     "Guard",
     "InfoRM",
     "InputError",
+    "IterativeDPO",
     "Length",
     "LoopguardError",
     "LoopguardTypeError",
@@ -95,6 +97,7 @@ __all__ = [
 _LAZY = {
     "CheckpointManager": "loopguard.checkpoint",
     "EchoTrapCallback": "loopguard.adapters.hf_trainer",
+    "IterativeDPO": "loopguard.recipes",
     "RLCheckpointCallback": "loopguard.adapters.hf_trainer",
     "RewardHackMitigator": "loopguard.adapters.hf_trainer",
 }

@@ -22,3 +22,23 @@ def test_signals_demo_separates_healthy_from_hacked(capsys):
     assert hacked_var > 10 * healthy_var
     healthy_csi, hacked_csi = (float(v) for v in rows["InfoRM CSI (per point)"])
     assert hacked_csi > healthy_csi + 1.0
+
+
+def test_iterative_dpo_example_promotes_honest_rounds_and_blocks_the_hack():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "iterative_dpo.py")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        check=True,
+    )
+    out = result.stdout
+    assert "3 round(s) finished, 3 promoted" in out
+    assert "blocked: gold score drop" in out
+    assert "round-01/model; it stays the result" in out
