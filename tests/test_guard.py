@@ -224,7 +224,7 @@ def test_ladder_raises_then_rolls_back_then_gives_up_in_plain_english():
     assert "Rollbacks tried: 1 of 1." in text
     assert "What you can change:" in text
     assert "repetition" in text
-    assert "raise beta_ceil (now 1)" in text
+    assert text.count("beta_ceil") == 1  # the ladder suggests it; the give-up advice does not repeat it
 
 
 def test_ladder_stops_without_rollback_when_no_checkpoint():
