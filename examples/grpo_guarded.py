@@ -42,11 +42,12 @@ import warnings
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import datasets
 import torch
 import transformers
 from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast, PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from loopguard import EscalationLadder, RewardHackMitigator, read_mitigation_log
@@ -115,6 +116,7 @@ def train(
         train_dataset=Dataset.from_dict({"prompt": prompts}),
         processing_class=tokenizer,
     )
+    trainer.remove_callback(PrinterCallback)  # the summary below is the output; metrics go to report_to
     mitigator = None
     if guarded:
         mitigator = RewardHackMitigator(
@@ -161,6 +163,8 @@ def main() -> None:
     output_dir = options.output_dir or tempfile.mkdtemp(prefix="grpo_guarded_")
     torch.set_num_threads(1)  # a tiny model: one thread is fastest, and the numbers match on every machine
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)
     started = time.perf_counter()
