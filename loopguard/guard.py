@@ -854,7 +854,7 @@ class Guard:
         generic = "lower the learning rate"
         if ceiling is not None:
             generic = f"raise beta_ceil (now {_fmt(ceiling)}) or the starting beta, or {generic}"
-        # The ladder's own reason already suggests the generic levers (beta_ceil, learning rate): say them once.
+        # The ladder's reason already names the generic levers (beta_ceil, learning rate): say them once.
         fix = "; ".join(advice if "beta_ceil" in why and advice else [*advice, generic])
         beta_text = f" Beta history: {history}." if history else ""
         return f"{why}{beta_text}{rollbacks} What you can change: {fix}."
