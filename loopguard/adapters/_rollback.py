@@ -126,9 +126,19 @@ class RollbackStore:
             self.manager.mark_good(step)
 
     def rollback(
-        self, trainer: Any, args: Any, state: Any, *, before_step: int, restore_scheduler: bool
+        self,
+        trainer: Any,
+        args: Any,
+        state: Any,
+        *,
+        before_step: int,
+        restore_scheduler: bool,
+        discard_newer: bool | None = None,
     ) -> int:
-        """Restore the newest good checkpoint before ``before_step`` into the trainer; returns its step."""
+        """Restore the newest good checkpoint before ``before_step`` into the trainer; returns its step.
+
+        ``discard_newer`` defaults to "on the main process" (see ``synced_restore`` for multi-rank order).
+        """
         restored = self.manager.restore(
             "last_good",
             trainer.model,
@@ -137,7 +147,7 @@ class RollbackStore:
             ref_model=synced_reference(trainer, args),
             rng=False,
             before_step=before_step,
-            discard_newer=bool(state.is_world_process_zero),
+            discard_newer=bool(state.is_world_process_zero) if discard_newer is None else discard_newer,
         )
         self.pending = None
         if hasattr(trainer, "_buffered_inputs"):

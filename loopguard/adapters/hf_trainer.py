@@ -64,6 +64,7 @@ from loopguard.adapters._beta import (
     resolve_accessor,
 )
 from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, move_first
+from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
 from loopguard.adapters._rollback import RollbackStore, open_manager
 from loopguard.adapters._tap import TappedReward, is_tapped
@@ -373,6 +374,7 @@ class RewardHackMitigator(_Bound):
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
         self._since_log: dict[str, float] = {}
+        self._sync = RankSync()
         super().__init__(trainer)
 
     # ------------------------------------------------------------------------------------------- helpers
@@ -551,12 +553,14 @@ class RewardHackMitigator(_Bound):
             return
         try:
             batch = self._source.poll(int(state.global_step))
-            if batch is not None:
-                observation = self._observation(batch)
+            if batch is not None or self._sync.active:  # every rank takes part, with or without a batch
+                observation = None if batch is None else self._observation(batch)
                 onset = self._onset if self._onset is not None else int(state.global_step)
                 can_rollback = self._store is not None and self._store.can_rollback(onset)
-                decision = self.guard.step(observation, can_rollback=can_rollback)
-                self._apply(decision, observation, batch, args, state, control)
+                # one decision on every rank (no collective in a single process): see _distributed.py
+                decision = synced_step(self.guard, observation, can_rollback=can_rollback, sync=self._sync)
+                if decision is not None:
+                    self._apply(decision, observation, batch, args, state, control)
             if self._own_store and self._store is not None:
                 healthy = self.last_decision is None or (
                     self.last_decision.verdict == "OK" and not self.guard.stopped
@@ -590,16 +594,16 @@ class RewardHackMitigator(_Bound):
     def _apply(
         self,
         decision: Decision,
-        observation: Observation,
-        batch: Batch,
+        observation: Observation | None,
+        batch: Batch | None,
         args: TrainingArguments,
         state: TrainerState,
         control: TrainerControl,
     ) -> None:
-        extra: dict[str, Any] = {"source": batch.source}
-        if batch.metrics:
+        extra: dict[str, Any] = {"source": "another rank" if batch is None else batch.source}
+        if batch is not None and batch.metrics:
             extra["trainer_metrics"] = dict(batch.metrics)
-        if batch.notes:
+        if batch is not None and batch.notes:
             extra["batch_notes"] = list(batch.notes)
         if decision.verdict == "OK":
             self._onset = None
@@ -634,8 +638,18 @@ class RewardHackMitigator(_Bound):
             return {"rollback_error": "no checkpoint store"}
         before = self._onset if self._onset is not None else decision.step
         try:
-            restored = self._store.rollback(
-                self._trainer, args, state, before_step=before, restore_scheduler=self.restore_scheduler
+            store = self._store
+            restored = synced_restore(
+                self._sync,
+                lambda discard: store.rollback(
+                    self._trainer,
+                    args,
+                    state,
+                    before_step=before,
+                    restore_scheduler=self.restore_scheduler,
+                    discard_newer=discard,
+                ),
+                main=bool(state.is_world_process_zero),
             )
         except Exception as error:
             self._failed("rollback", error)
@@ -654,11 +668,21 @@ class RewardHackMitigator(_Bound):
         if self._store is None:
             return {}
         before = self._onset if self._onset is not None else decision.step
-        if not self._store.can_rollback(before):
+        if not self._sync.all(self._store.can_rollback(before)):  # the same answer on every rank
             return {"restored_at_stop": None}
         try:
-            restored = self._store.rollback(
-                self._trainer, args, state, before_step=before, restore_scheduler=self.restore_scheduler
+            store = self._store
+            restored = synced_restore(
+                self._sync,
+                lambda discard: store.rollback(
+                    self._trainer,
+                    args,
+                    state,
+                    before_step=before,
+                    restore_scheduler=self.restore_scheduler,
+                    discard_newer=discard,
+                ),
+                main=bool(state.is_world_process_zero),
             )
         except Exception as error:
             self._failed("restore_on_stop", error)

@@ -1,0 +1,36 @@
+"""Launch a worker script on 2 CPU processes (gloo) with torch.distributed.run, and read each rank's JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def launch(script, out_dir, *args, timeout=240):
+    """Run ``script`` on 2 processes; returns [rank0 result, rank1 result] (fails with the log otherwise)."""
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    root = os.path.dirname(os.path.dirname(HERE))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        os.path.join(HERE, script),
+        str(out_dir),
+        *args,
+    ]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{script} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
+    results = []
+    for rank in (0, 1):
+        with open(os.path.join(out_dir, f"rank{rank}.json"), encoding="utf-8") as handle:
+            results.append(json.load(handle))
+    return results
