@@ -4,6 +4,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 from checkpoint_helpers import make_mlp
@@ -435,7 +436,6 @@ def test_steps_to_keep_preserves_every_reachable_rollback_target(steps, data, ke
 
 
 def test_numpy_integer_steps_and_verify(manager_factory):
-    np = pytest.importorskip("numpy")
     manager = manager_factory()
     manager.save(np.int64(5), _model())
     manager.mark_good(np.int32(5))
