@@ -633,24 +633,29 @@ class RewardHackMitigator(_Bound):
             record = MitigationRecord.from_decision(decision, mode=self.guard.mode, observation=observation)
             self._log.append(attrs.evolve(record, extra={**dict(record.extra or {}), "adapter": extra}))
 
+    def _synced_restore(
+        self, store: RollbackStore, args: TrainingArguments, state: TrainerState, before: int
+    ) -> int:
+        """Restore the last good checkpoint before ``before`` on every rank (see ``synced_restore``)."""
+        return synced_restore(
+            self._sync,
+            lambda discard: store.rollback(
+                self._trainer,
+                args,
+                state,
+                before_step=before,
+                restore_scheduler=self.restore_scheduler,
+                discard_newer=discard,
+            ),
+            main=bool(state.is_world_process_zero),
+        )
+
     def _rollback(self, decision: Decision, args: TrainingArguments, state: TrainerState) -> dict[str, Any]:
         if self._store is None:
             return {"rollback_error": "no checkpoint store"}
         before = self._onset if self._onset is not None else decision.step
         try:
-            store = self._store
-            restored = synced_restore(
-                self._sync,
-                lambda discard: store.rollback(
-                    self._trainer,
-                    args,
-                    state,
-                    before_step=before,
-                    restore_scheduler=self.restore_scheduler,
-                    discard_newer=discard,
-                ),
-                main=bool(state.is_world_process_zero),
-            )
+            restored = self._synced_restore(self._store, args, state, before)
         except Exception as error:
             self._failed("rollback", error)
             return {"rollback_error": f"{type(error).__name__}: {error}"}
@@ -671,19 +676,7 @@ class RewardHackMitigator(_Bound):
         if not self._sync.all(self._store.can_rollback(before)):  # the same answer on every rank
             return {"restored_at_stop": None}
         try:
-            store = self._store
-            restored = synced_restore(
-                self._sync,
-                lambda discard: store.rollback(
-                    self._trainer,
-                    args,
-                    state,
-                    before_step=before,
-                    restore_scheduler=self.restore_scheduler,
-                    discard_newer=discard,
-                ),
-                main=bool(state.is_world_process_zero),
-            )
+            restored = self._synced_restore(self._store, args, state, before)
         except Exception as error:
             self._failed("restore_on_stop", error)
             return {"restore_error": f"{type(error).__name__}: {error}"}
