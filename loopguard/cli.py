@@ -8,8 +8,13 @@ Subcommands:
   runs it: the policy and the reward model (``num_labels=1``) are folders saved with ``save_pretrained``
   (tokenizers included); prompts are a ``.jsonl`` file with a ``"prompt"`` field, or a text file with one
   prompt per line. Rerunning resumes after the last finished round.
+* ``loopguard report LOG [-o OUT.png|OUT.html] [--skip-corrupt]`` prints a plain-English summary of a
+  mitigation log (what tripped and when, every action, the outcome); with ``-o`` it also draws beta, the vote
+  and each signal's score over steps to a PNG, or to an HTML page with the summary and the actions'
+  explanations (needs the ``plot`` extra: matplotlib). Only ``LOG`` itself is read, not its rotated files.
 
-``import loopguard.cli`` is light: torch, transformers and TRL are imported only by a command that trains.
+``import loopguard.cli`` is light: torch, transformers and TRL are imported only by a command that trains, and
+matplotlib only by ``report -o``.
 
 Example:
     >>> from loopguard.cli import main
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -66,7 +72,52 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a DPOConfig field, VALUE parsed as JSON when it can be (repeatable), e.g. learning_rate=1e-6",
     )
+    report = commands.add_parser(
+        "report",
+        help="summarise a mitigation log in plain English; optionally draw it (PNG or HTML)",
+        description="Print a plain-English summary of a mitigation log (JSONL); with -o also write a figure "
+        "of beta, the vote and the signal scores over steps. See docs/log.md.",
+    )
+    report.add_argument("log", metavar="LOG", help="the mitigation log, e.g. OUTPUT_DIR/mitigation_log.jsonl")
+    report.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="also write OUT: .png (the figure) or .html (figure, summary, actions)",
+    )
+    report.add_argument(
+        "--skip-corrupt", action="store_true", help="skip corrupt lines (with a warning) instead of failing"
+    )
     return parser
+
+
+def _report(args: argparse.Namespace) -> int:
+    from loopguard.log import read_mitigation_log
+    from loopguard.report import render_report, summarize
+
+    path = args.log
+    if os.path.isdir(path):
+        msg = f"`LOG` must be a mitigation log file, got the folder {path!r}."
+        raise ConfigError(msg)
+    try:
+        records = read_mitigation_log(path, on_corrupt="skip" if args.skip_corrupt else "raise")
+    except FileNotFoundError:
+        msg = f"`LOG` must be an existing mitigation log file, got {path!r} (no such file)."
+        raise ConfigError(msg) from None
+    if not records:
+        rotated = (
+            f"; its rotated files ({path}.1, ...) are not read: pass one of them"
+            if os.path.exists(f"{path}.1")
+            else ""
+        )
+        msg = f"`LOG` must hold at least one record, got an empty mitigation log {path!r}{rotated}."
+        raise ConfigError(msg)
+    summary = summarize(records)
+    written = None if args.output is None else render_report(records, args.output)
+    print(summary)
+    if written is not None:
+        print(f"wrote {written}")
+    return 0
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -171,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "iterative-dpo":
             return _iterative_dpo(args)
+        if args.command == "report":
+            return _report(args)
     except (LoopguardError, OSError) as error:
         print(f"loopguard: error: {error}", file=sys.stderr)
         return 2

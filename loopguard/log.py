@@ -72,7 +72,7 @@ except ImportError:  # pragma: no cover - Windows has no flock; appends are then
     _FCNTL = None
 
 if TYPE_CHECKING:
-    from loopguard.guard import Decision, Observation
+    from loopguard.guard import Decision, Guard, Observation
 
 __all__ = [
     "ACTIONS",
@@ -371,12 +371,19 @@ class MitigationRecord:
 
     @classmethod
     def from_decision(
-        cls, decision: Decision, *, mode: str, observation: Observation | None = None
+        cls,
+        decision: Decision,
+        *,
+        mode: str,
+        observation: Observation | None = None,
+        guard: Guard | None = None,
     ) -> MitigationRecord:
         """Build the record of one Guard step from its decision (and the observation, for batch statistics).
 
         ``signals`` holds each signal's score under its name and each raw statistic as
-        ``"<signal>.<statistic>"``; ``extra`` holds the controller's and ladder's components and the notes.
+        ``"<signal>.<statistic>"``; ``extra`` holds the controller's and ladder's components and the notes,
+        and, when ``guard`` (the Guard that decided) is given, its ``warn_level``, ``hack_level`` and
+        ``warmup_steps``, so that a reader such as ``loopguard report`` draws the right bands.
 
         Example:
             >>> from loopguard import Guard, Observation
@@ -399,6 +406,10 @@ class MitigationRecord:
             extra["components"] = dict(decision.components)
         if decision.notes:
             extra["notes"] = list(decision.notes)
+        if guard is not None:
+            extra.update(
+                warn_level=guard.warn_level, hack_level=guard.hack_level, warmup_steps=guard.warmup_steps
+            )
         return cls(
             step=decision.step,
             mode=mode,

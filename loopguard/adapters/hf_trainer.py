@@ -630,7 +630,9 @@ class RewardHackMitigator(_Bound):
         self._since_log["verdict"] = _worse(self._since_log.get("verdict"), VERDICT_CODES[decision.verdict])
         self._since_log["action"] = _worse(self._since_log.get("action"), ACTION_CODES[decision.action])
         if self._log is not None:
-            record = MitigationRecord.from_decision(decision, mode=self.guard.mode, observation=observation)
+            record = MitigationRecord.from_decision(
+                decision, mode=self.guard.mode, observation=observation, guard=self.guard
+            )
             self._log.append(attrs.evolve(record, extra={**dict(record.extra or {}), "adapter": extra}))
 
     def _synced_restore(
