@@ -1,0 +1,107 @@
+"""Run the Goodhart benchmark: ``python -m benchmarks.goodhart [--quick] [--out DIR] [...]``.
+
+Every (scenario, arm, seed) is one GRPO run (see ``runner.py``), run in a pool of ``--workers`` processes
+of one thread each. Writes ``goodhart.json`` (every run's per-step record and metrics), ``goodhart.md`` (the
+table and the targets) and ``goodhart_<scenario>.png`` (gold / proxy / beta over steps) to ``--out``
+(default ``benchmarks/results/goodhart``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any
+
+from benchmarks.goodhart.analysis import fixed_sweep_line, markdown, plot, summarize
+from benchmarks.goodhart.runner import ARMS, run_one
+from benchmarks.goodhart.scenarios import scenario_names
+
+QUICK_SEEDS = 2
+FULL_SEEDS = 5
+STEPS = 200
+
+
+def _arms(names: list[str] | None) -> list[str]:
+    if not names:
+        return list(ARMS)
+    unknown = [name for name in names if name not in ARMS]
+    if unknown:
+        raise SystemExit(f"--arms must name arms among {', '.join(ARMS)}, got {', '.join(unknown)}.")
+    return names
+
+
+def _job(job: tuple[str, str, int, int]) -> dict[str, Any]:
+    return run_one(*job)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.goodhart", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help=f"{QUICK_SEEDS} seeds instead of {FULL_SEEDS}")
+    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 5, --quick 2)")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps per run (default {STEPS})")
+    parser.add_argument("--scenarios", nargs="*", default=None, help="subset of scenarios")
+    parser.add_argument("--arms", nargs="*", default=None, help="subset of arms")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs")
+    parser.add_argument("--out", default=os.path.join("benchmarks", "results", "goodhart"), help="output dir")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    options = parser.parse_args(argv)
+    seeds = options.seeds if options.seeds is not None else (QUICK_SEEDS if options.quick else FULL_SEEDS)
+    if seeds < 1 or options.steps < 20 or options.workers < 1:
+        raise SystemExit("--seeds and --workers must be >= 1 and --steps >= 20.")
+    scenarios, arms = scenario_names(options.scenarios), _arms(options.arms)
+    jobs = [(s, a, seed, options.steps) for s in scenarios for a in arms for seed in range(seeds)]
+    os.makedirs(options.out, exist_ok=True)
+    print(f"goodhart: {len(jobs)} runs ({len(scenarios)} scenarios x {len(arms)} arms x {seeds} seeds, "
+          f"{options.steps} steps) on {options.workers} worker(s)", flush=True)  # fmt: skip
+    started = time.perf_counter()
+    runs: list[dict[str, Any]] = []
+    if options.workers == 1:
+        for index, job in enumerate(jobs, 1):
+            runs.append(_job(job))
+            print(f"  [{index}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]}", flush=True)
+    else:
+        with ProcessPoolExecutor(options.workers) as pool:
+            futures = {pool.submit(_job, job): job for job in jobs}
+            for index, future in enumerate(as_completed(futures), 1):
+                job = futures[future]
+                runs.append(future.result())
+                print(f"  [{index}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]} "
+                      f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
+    elapsed = time.perf_counter() - started
+    summary = summarize(runs)
+    command = "python -m benchmarks.goodhart " + " ".join(argv if argv is not None else sys.argv[1:])
+    header = (
+        f"Goodhart benchmark: `{command.strip()}` -- {len(jobs)} runs of {options.steps} GRPO steps, "
+        f"{seeds} seeds, {options.workers} worker(s), {elapsed / 60:.1f} min on {os.cpu_count()} CPU(s) "
+        f"({platform.machine()}). Values are mean +- std over seeds."
+    )
+    table = markdown(summary, header)
+    table += f"\nFixed-beta sweep, final gold: {fixed_sweep_line(summary)}.\n"
+    with open(os.path.join(options.out, "goodhart.md"), "w", encoding="utf-8") as handle:
+        handle.write(table)
+    payload = {
+        "command": command.strip(),
+        "seconds": elapsed,
+        "seeds": seeds,
+        "steps": options.steps,
+        "summary": summary,
+        "runs": runs,
+    }
+    with open(os.path.join(options.out, "goodhart.json"), "w", encoding="utf-8") as handle:
+        json.dump(payload, handle)
+    if not options.no_plots:
+        for scenario in scenarios:
+            plot(runs, scenario, os.path.join(options.out, f"goodhart_{scenario}.png"))
+    print(table)
+    print(f"wrote {options.out}/goodhart.json, goodhart.md{'' if options.no_plots else ', goodhart_*.png'} "
+          f"({elapsed:.0f} s)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

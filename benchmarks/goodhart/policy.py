@@ -1,0 +1,82 @@
+"""The tiny policy: an in-process word-level tokenizer and a 2-layer GPT-2 built from a config.
+
+Nothing is downloaded. The tokenizer maps every word of :data:`~benchmarks.goodhart.scenarios.WORDS` to one
+id. The policy is a GPT-2 with 2 layers and 64 hidden units, initialised from ``seed``.
+
+The ``lengths`` warm start (used by the length scenario) first trains the policy for a few hundred
+supervised steps on prompts followed by 1-6 random words and an end-of-sequence token, so that the initial
+policy writes completions of every length -- a freshly initialised model almost never emits the end token,
+so every completion would already be as long as allowed and there would be no length to hack.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast
+
+from benchmarks.goodhart.scenarios import N_WORDS, WORDS
+
+PAD, EOS, BOS = 0, 1, 2
+PROMPT_WORDS = 4
+WARM_START_MAX_WORDS = 6
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {"<pad>": PAD, "<eos>": EOS, "<bos>": BOS}
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>"
+    )
+
+
+def prompts(seed: int, count: int) -> list[str]:
+    """``count`` prompts of four random words (the same words for every arm of a seed)."""
+    rng = random.Random(10_000 + seed)
+    return [" ".join(rng.choice(WORDS[:N_WORDS]) for _ in range(PROMPT_WORDS)) for _ in range(count)]
+
+
+def _warm_start_lengths(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int) -> None:
+    rng = random.Random(20_000 + seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(400):
+        rows = []
+        for _ in range(32):
+            prompt = [rng.choice(WORDS[:N_WORDS]) for _ in range(PROMPT_WORDS)]
+            completion = [rng.choice(WORDS[:N_WORDS]) for _ in range(rng.randint(1, WARM_START_MAX_WORDS))]
+            ids = tokenizer.convert_tokens_to_ids(prompt + completion)
+            rows.append([*ids, EOS])
+        width = max(len(row) for row in rows)
+        input_ids = torch.tensor([row + [PAD] * (width - len(row)) for row in rows])
+        labels = input_ids.clone()
+        labels[input_ids == PAD] = -100
+        labels[:, :PROMPT_WORDS] = -100
+        loss = model(input_ids=input_ids, attention_mask=(input_ids != PAD).long(), labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def save_initial_policy(folder: str, tokenizer: PreTrainedTokenizerFast, seed: int, warm_start: str) -> str:
+    """Build (and warm-start) the seed's initial policy and save it with its tokenizer; returns ``folder``."""
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=32, n_embd=64, n_layer=2, n_head=2,
+        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    if warm_start == "lengths":
+        _warm_start_lengths(model, tokenizer, seed)
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
