@@ -140,10 +140,10 @@ class PIDLagrangian:
         limit: Target hack score :math:`J_{lim}` in (0, 1). Default 0.15: the controller settles the score
             near the limit, and 0.15 leaves room for noise below the bang-bang trip band (0.30) while sitting
             above its release band (0.10).
-        kp: Proportional gain (>= 0). Default 1.0.
-        ki: Integral gain (>= 0). Default 0.1: a sustained score of 0.8 adds 0.065 to beta per step from the
-            integral alone, enough to double a beta of 0.04 in one step and reach 0.5 within about 8.
-        kd: Derivative gain (>= 0). Default 1.0.
+        kp: Proportional gain (>= 0). Default 0.1.
+        ki: Integral gain (>= 0). Default 0.01: a sustained score of 0.8 adds 0.0065 to beta per step from
+            the integral alone; with P and D, 10 such steps take beta from 0.04 to 0.13 (from 0.001 to 0.092).
+        kd: Derivative gain (>= 0). Default 0.1.
         ema_p: EMA weight of the old proportional value, in [0, 1). Default 0.95 (the paper's code).
         ema_d: EMA weight of the old score EMA, in [0, 1). Default 0.95.
         d_delay: Derivative delay in updates, in [1, 10000]. Default 10.
@@ -153,9 +153,12 @@ class PIDLagrangian:
         beta_floor: Smallest beta, > 0. Default 1e-6.
         beta_ceil: Largest beta, > beta_floor. Default 1.0.
 
-    The gains were chosen on the simulated plant of ``tests/control/test_pid_lagrangian.py`` (hack pressure
-    :math:`h_{t+1} = h_t + \text{drift} - c \log(\beta_t/\beta_0) + \text{noise}`): over base betas 0.001-0.5
-    the score stays below 0.30 after the transient (see docs/controllers.md).
+    The gains were chosen on real GRPO training (``python -m benchmarks.goodhart``, docs/benchmarks.md): from
+    a beta of 0.001, gains of 1.0 / 0.1 / 1.0 drove beta to the 1.0 ceiling within a few steps of a hack and
+    froze learning; among 1x, 0.3x, 0.1x and 0.03x those gains, 0.1x kept the most gold reward across the
+    benchmark's scenarios. On the simulated plant of ``tests/control/test_pid_lagrangian.py`` (hack pressure
+    :math:`h_{t+1} = h_t + \text{drift} - c \log(\beta_t/\beta_0) + \text{noise}`) they hold the score
+    below 0.30 after the transient over base betas 0.001-0.3 (see docs/controllers.md).
 
     Raises:
         LoopguardTypeError: a bool or non-number where a number is expected.
@@ -168,9 +171,9 @@ class PIDLagrangian:
         ...     out, state = ctl.update(state, score)
         ...     print(f"{score:.2f} {out.beta:.4f} {out.direction}")
         0.05 0.0400 hold
-        0.80 0.1703 raise
-        0.80 0.3020 raise
-        0.80 0.4304 raise
+        0.80 0.0530 raise
+        0.80 0.0662 raise
+        0.80 0.0790 raise
         >>> sorted(out.components)
         ['base_beta', 'd', 'error', 'i', 'lambda', 'limit', 'p', 'score']
 
@@ -182,9 +185,9 @@ class PIDLagrangian:
     limit: float = attrs.field(
         default=0.15, validator=real(lo=0.0, hi=1.0, lo_inclusive=False, hi_inclusive=False)
     )
-    kp: float = attrs.field(default=1.0, validator=real(lo=0.0))
-    ki: float = attrs.field(default=0.1, validator=real(lo=0.0))
-    kd: float = attrs.field(default=1.0, validator=real(lo=0.0))
+    kp: float = attrs.field(default=0.1, validator=real(lo=0.0))
+    ki: float = attrs.field(default=0.01, validator=real(lo=0.0))
+    kd: float = attrs.field(default=0.1, validator=real(lo=0.0))
     ema_p: float = attrs.field(default=0.95, validator=real(lo=0.0, hi=1.0, hi_inclusive=False))
     ema_d: float = attrs.field(default=0.95, validator=real(lo=0.0, hi=1.0, hi_inclusive=False))
     d_delay: int = attrs.field(default=10, validator=integer(lo=1, hi=MAX_HISTORY))
@@ -256,8 +259,12 @@ class PIDLagrangian:
         p_ema = min(1.0, max(-1.0, self.ema_p * state.p_ema + (1.0 - self.ema_p) * error))
         if state.j_history:
             # Written as a step towards the score, so a constant score leaves the EMA exactly unchanged
-            # (a * x + (1 - a) * x can differ from x by one ulp, which read as a positive derivative).
-            j_ema = min(1.0, max(0.0, state.j_ema + (1.0 - self.ema_d) * (score - state.j_ema)))
+            # (a * x + (1 - a) * x can differ from x by one ulp, which read as a positive derivative), and
+            # kept between the old EMA and the score: the step can round past the score (1.0 + (1e-119 - 1.0)
+            # is 0.0), and an EMA that undershoots a falling score and then "rises" to the next, smaller
+            # one would also read as a positive derivative.
+            step = state.j_ema + (1.0 - self.ema_d) * (score - state.j_ema)
+            j_ema = min(max(score, state.j_ema), max(min(score, state.j_ema), step))
             reference = state.j_history[0]
         else:
             j_ema = reference = score
