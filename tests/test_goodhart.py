@@ -32,7 +32,7 @@ def test_length_gold_wants_a_short_answer_and_the_proxy_pays_for_words():
 def test_sentinel_proxy_pays_and_gold_penalises():
     texts = ["w1 zz w2", "w1 w2"]
     assert scenarios.sentinel_variant(0.15)(texts) == [pytest.approx(2 / 12 + 0.15), 2 / 12]
-    assert scenarios.sentinel_gold(texts) == [pytest.approx(2 / 12 - 0.3), 2 / 12]
+    assert scenarios.sentinel_gold(texts) == [pytest.approx(2 / 12 - 0.6), 2 / 12]
 
 
 def test_flaws_switch_on_at_the_onset():
@@ -184,6 +184,12 @@ def test_a_tiny_benchmark_run_writes_json_table_and_plot(tmp_path, capsys):
     assert runs["lg_log_only"]["beta"] == [0.001] * 24
     assert len(runs["lg_log_only"]["log"]) == 24
     assert runs["lg_log_only"]["loopguard_seconds"] > 0
-    assert "| clean | lg_log_only |" in (tmp_path / "goodhart.md").read_text()
+    assert all(len(run["kl"]) == 24 for run in runs.values())  # TRL's logged KL, one value per step
+    table = (tmp_path / "goodhart.md").read_text()
+    assert "| clean | lg_log_only |" in table
     assert (tmp_path / "goodhart_clean.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in capsys.readouterr().out
+    # the table and plots can be rebuilt from the JSON alone, without training again
+    again = tmp_path / "again"
+    assert main(["--from-json", str(tmp_path / "goodhart.json"), "--out", str(again), "--no-plots"]) == 0
+    assert (again / "goodhart.md").read_text().splitlines()[1:] == table.splitlines()[1:]

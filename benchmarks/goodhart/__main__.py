@@ -39,6 +39,36 @@ def _job(job: tuple[str, str, int, int]) -> dict[str, Any]:
     return run_one(*job)
 
 
+def _write(out: str, runs: list[dict[str, Any]], header: str, payload: dict[str, Any], plots: bool) -> str:
+    """Write goodhart.md, goodhart.json and the plots to ``out``; returns the markdown."""
+    summary = summarize(runs)
+    table = markdown(summary, header)
+    table += f"\nFixed-beta sweep, final gold: {fixed_sweep_line(summary)}.\n"
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "goodhart.md"), "w", encoding="utf-8") as handle:
+        handle.write(table)
+    with open(os.path.join(out, "goodhart.json"), "w", encoding="utf-8") as handle:
+        json.dump({**payload, "summary": summary, "runs": runs}, handle)
+    if plots:
+        for scenario in dict.fromkeys(run["scenario"] for run in runs):
+            plot(runs, scenario, os.path.join(out, f"goodhart_{scenario}.png"))
+    return table
+
+
+def _rebuild(path: str, out: str, *, plots: bool) -> int:
+    with open(path, encoding="utf-8") as handle:
+        payload = json.load(handle)
+    runs = payload.pop("runs")
+    payload.pop("summary", None)
+    header = payload.get("header") or (
+        f"Goodhart benchmark: `{payload.get('command', '?')}` -- {len(runs)} runs of {payload.get('steps')} "
+        f"GRPO steps, {payload.get('seeds')} seeds, {payload.get('seconds', 0) / 60:.1f} min. Values are "
+        "mean +- std over seeds."
+    )
+    print(_write(out, runs, header, payload, plots))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.goodhart", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_SEEDS} seeds instead of {FULL_SEEDS}")
@@ -49,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "goodhart"), help="output dir")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--from-json", default=None, metavar="FILE", help="rebuild table, plots from a JSON; no runs"
+    )
     options = parser.parse_args(argv)
+    if options.from_json is not None:
+        return _rebuild(options.from_json, options.out, plots=not options.no_plots)
     seeds = options.seeds if options.seeds is not None else (QUICK_SEEDS if options.quick else FULL_SEEDS)
     if seeds < 1 or options.steps < 20 or options.workers < 1:
         raise SystemExit("--seeds and --workers must be >= 1 and --steps >= 20.")
@@ -73,30 +108,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  [{index}/{len(jobs)}] {job[0]} {job[1]} seed {job[2]} "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)  # fmt: skip
     elapsed = time.perf_counter() - started
-    summary = summarize(runs)
     command = "python -m benchmarks.goodhart " + " ".join(argv if argv is not None else sys.argv[1:])
     header = (
         f"Goodhart benchmark: `{command.strip()}` -- {len(jobs)} runs of {options.steps} GRPO steps, "
         f"{seeds} seeds, {options.workers} worker(s), {elapsed / 60:.1f} min on {os.cpu_count()} CPU(s) "
         f"({platform.machine()}). Values are mean +- std over seeds."
     )
-    table = markdown(summary, header)
-    table += f"\nFixed-beta sweep, final gold: {fixed_sweep_line(summary)}.\n"
-    with open(os.path.join(options.out, "goodhart.md"), "w", encoding="utf-8") as handle:
-        handle.write(table)
-    payload = {
-        "command": command.strip(),
-        "seconds": elapsed,
-        "seeds": seeds,
-        "steps": options.steps,
-        "summary": summary,
-        "runs": runs,
-    }
-    with open(os.path.join(options.out, "goodhart.json"), "w", encoding="utf-8") as handle:
-        json.dump(payload, handle)
-    if not options.no_plots:
-        for scenario in scenarios:
-            plot(runs, scenario, os.path.join(options.out, f"goodhart_{scenario}.png"))
+    payload = {"command": command.strip(), "header": header, "seconds": elapsed, "seeds": seeds,
+               "steps": options.steps}  # fmt: skip
+    table = _write(options.out, runs, header, payload, plots=not options.no_plots)
     print(table)
     print(f"wrote {options.out}/goodhart.json, goodhart.md{'' if options.no_plots else ', goodhart_*.png'} "
           f"({elapsed:.0f} s)")  # fmt: skip

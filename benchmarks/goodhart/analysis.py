@@ -221,18 +221,26 @@ def markdown(summary: dict[str, Any], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-PLOT_ARMS = ("fixed-0.001", "fixed-0.1", "adaptive_kl", "lg_log_only", "lg_kl_control", "lg_pid_rollback")
+PLOT_ARMS = ("fixed-0.001", "oracle", "adaptive_kl", "lg_log_only", "lg_kl_control", "lg_pid_rollback")
 _STYLE = {
     "fixed-0.001": ("tab:gray", "-"),
-    "fixed-0.01": ("tab:olive", ":"),
-    "fixed-0.03": ("tab:cyan", ":"),
-    "fixed-0.1": ("black", "--"),
-    "fixed-0.3": ("tab:brown", ":"),
+    "oracle": ("black", "--"),
     "adaptive_kl": ("tab:purple", "-."),
     "lg_log_only": ("tab:pink", ":"),
     "lg_kl_control": ("tab:blue", "-"),
     "lg_pid_rollback": ("tab:red", "-"),
 }
+
+
+def oracle_arm(runs: list[dict[str, Any]], scenario: str) -> str | None:
+    """The fixed-beta arm with the best mean final gold in ``scenario`` (picked in hindsight)."""
+    finals: dict[str, list[float]] = {}
+    for run in runs:
+        if run["scenario"] == scenario and run["arm"].startswith("fixed-"):
+            finals.setdefault(run["arm"], []).append(tail_mean(run["gold"]))
+    if not finals:
+        return None
+    return max(finals, key=lambda arm: statistics.fmean(finals[arm]))
 
 
 def plot(runs: list[dict[str, Any]], scenario: str, path: str) -> None:
@@ -243,12 +251,15 @@ def plot(runs: list[dict[str, Any]], scenario: str, path: str) -> None:
     figure = Figure(figsize=(11, 8.5), layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(3, 1, sharex=True)
+    oracle = oracle_arm(runs, scenario)
     for arm in PLOT_ARMS:
-        chosen = [run for run in runs if run["scenario"] == scenario and run["arm"] == arm]
-        if not chosen:
+        name = oracle if arm == "oracle" else arm
+        chosen = [run for run in runs if run["scenario"] == scenario and run["arm"] == name]
+        if not chosen or (arm == "oracle" and name == UNGUARDED):
             continue
         colour, style = _STYLE[arm]
-        label = {"fixed-0.001": "unguarded (beta 0.001)"}.get(arm, arm)
+        labels = {"fixed-0.001": "unguarded (beta 0.001)", "oracle": f"oracle fixed beta ({name})"}
+        label = labels.get(arm, arm)
         for axis, key in zip(axes, ("gold", "proxy", "beta"), strict=True):
             length = min(len(run[key]) for run in chosen)
             mean = [statistics.fmean(run[key][i] for run in chosen) for i in range(length)]

@@ -63,7 +63,8 @@ _LOOPGUARD_MODES = {
     "lg_pid_rollback": "pid_lagrangian",
 }
 ADAPTIVE_TARGET = 0.05  # per-token KL (TRL's logged "kl"), see docs/benchmarks.md
-ADAPTIVE_HORIZON = 2_000  # in completions (n_steps = batch size per update)
+ADAPTIVE_HORIZON = 320  # in completions (n_steps = 16 per update): at most 1 % change per step, as in Ziegler
+# et al. (2019), whose batches of 512 with a horizon of 10,000 allow 0.2 * 512 / 10,000 = 1 % per update
 
 GENERATIONS = 8
 BATCH = 16  # completions per step: 2 prompts x 8 generations
@@ -179,7 +180,7 @@ def run_one(
         model_dir = save_initial_policy(os.path.join(folder, "initial"), tokenizer, seed, scenario.warm_start)
         beta = float(arm.split("-", 1)[1]) if arm.startswith("fixed-") else START_BETA
         args = GRPOConfig(
-            output_dir=os.path.join(folder, "run"), use_cpu=True, bf16=False, report_to=[], logging_steps=10,
+            output_dir=os.path.join(folder, "run"), use_cpu=True, bf16=False, report_to=[], logging_steps=1,
             save_strategy="no", num_generations=GENERATIONS, per_device_train_batch_size=BATCH,
             max_completion_length=MAX_TOKENS, learning_rate=LEARNING_RATE, lr_scheduler_type="constant",
             beta=beta, max_steps=steps, reward_weights=[1.0] + [0.0] * len(scenario.ensemble), seed=seed,
@@ -236,6 +237,7 @@ def run_one(
             "gold": series["gold"][:steps],
             "length": series["length"][:steps],
             "beta": recorder.beta[:steps],
+            "kl": [float(e["kl"]) for e in trainer.state.log_history if "kl" in e],
             "step_seconds": recorder.step_seconds,
             "loopguard_seconds": sum(loopguard_seconds),
             "train_seconds": train_seconds,
