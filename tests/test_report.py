@@ -54,8 +54,8 @@ def _write(path, records):
 @pytest.fixture(scope="module")
 def hacked_log(tmp_path_factory):
     """A real GRPO run on a tiny GPT-2 where the echo hack trips the Guard and beta is raised."""
-    pytest.importorskip("trl")
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("trl", reason="trl is part of the `hf` extra")
+    pytest.importorskip("matplotlib", reason="matplotlib is part of the `plot` extra")
     sys.path.insert(0, str(ADAPTERS))
     try:
         import torch
@@ -258,7 +258,7 @@ def test_summarize_rejects_bad_records(records, error, match):
 
 
 def test_render_report_of_a_log_only_run_and_html_escaping(tmp_path):
-    pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib", reason="matplotlib is part of the `plot` extra")
     records = _warmup(range(0, 3), 3, mode="log_only", before=None, after=None)
     records.append(
         _record(3, "HACK", 0.5, mode="log_only", before=None, after=None, why="<script>x</script>")
