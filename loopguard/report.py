@@ -386,20 +386,14 @@ def _runs(steps: Sequence[int], labels: Sequence[str]) -> list[tuple[float, floa
 def _bands(ax: Axes, warn: float, hack: float, source: str, *, label: bool) -> None:
     ax.axhspan(warn, hack, color=_VERDICT_COLOURS["WARN"], alpha=0.10, linewidth=0)
     ax.axhspan(hack, 1.0, color=_VERDICT_COLOURS["HACK"], alpha=0.10, linewidth=0)
-    ax.axhline(
-        warn,
-        color=_VERDICT_COLOURS["WARN"],
-        linestyle=":",
-        linewidth=1.0,
-        label=f"WARN level {warn:.2f} ({source})" if label else None,
-    )
-    ax.axhline(
-        hack,
-        color=_VERDICT_COLOURS["HACK"],
-        linestyle=":",
-        linewidth=1.0,
-        label=f"HACK level {hack:.2f} ({source})" if label else None,
-    )
+    for verdict, level in (("WARN", warn), ("HACK", hack)):
+        ax.axhline(
+            level,
+            color=_VERDICT_COLOURS[verdict],
+            linestyle=":",
+            linewidth=1.0,
+            label=f"{verdict} level {level:.2f} ({source})" if label else None,
+        )
 
 
 def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None:
