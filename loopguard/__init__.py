@@ -43,6 +43,7 @@ from loopguard.exceptions import (
     LoopguardError,
     LoopguardTypeError,
     MissingDependencyError,
+    StateError,
 )
 from loopguard.guard import Decision, Guard, Observation
 from loopguard.log import MitigationLog, MitigationRecord, read_mitigation_log
@@ -87,6 +88,7 @@ __all__ = [
     "Repetition",
     "RewardDrift",
     "RewardHackMitigator",
+    "StateError",
     "__version__",
     "read_mitigation_log",
     "shape_reward",

@@ -20,6 +20,7 @@ __all__ = [
     "LoopguardError",
     "LoopguardTypeError",
     "MissingDependencyError",
+    "StateError",
 ]
 
 
@@ -33,6 +34,16 @@ class ConfigError(LoopguardError, ValueError):
 
 class InputError(LoopguardError, ValueError):
     """An array or sequence input has the wrong shape, length, size, or non-finite values."""
+
+
+class StateError(ConfigError):
+    """A saved state cannot be loaded: malformed, truncated, unreachable, or from another version or config.
+
+    Unreachable means a state no run could have produced: a NaN baseline, a beta outside the controller's
+    bounds, counters that contradict each other. Subclasses :class:`ConfigError`. Whenever a
+    ``load_state_dict`` or ``from_dict`` raises it, the object it was called on is unchanged: states load all
+    or nothing.
+    """
 
 
 class LoopguardTypeError(LoopguardError, TypeError):

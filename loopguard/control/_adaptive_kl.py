@@ -23,10 +23,10 @@ from loopguard.control._common import (
     check_measurement,
     check_state,
     check_steps,
-    decode_state,
     direction_of,
     encode_state,
     fmt_beta,
+    load_state,
 )
 
 __all__ = ["AdaptiveKL", "AdaptiveKLState"]
@@ -64,10 +64,10 @@ class AdaptiveKLState:
         """Rebuild a state from :meth:`to_dict` output, validating every key, type and range.
 
         Raises:
-            LoopguardTypeError: ``payload`` is not a dict, or a value has the wrong type.
-            ConfigError: wrong ``kind``/``version``, missing or extra keys, or a value out of range.
+            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
+                value of the wrong type or out of range; fields that contradict each other.
         """
-        return cls(**decode_state(payload, "AdaptiveKLState", _STATE_SPECS))
+        return load_state(cls, payload, _STATE_SPECS)
 
 
 _STATE_SPECS = {
@@ -158,6 +158,16 @@ class AdaptiveKL:
         base = check_base_beta(base_beta, self.beta_floor, self.beta_ceil)
         return AdaptiveKLState(step=0, base_beta=base, beta=base)
 
+    def validate(self, state: AdaptiveKLState) -> None:
+        """Check that ``state`` could have come from this controller (its betas inside the bounds).
+
+        Raises:
+            LoopguardTypeError: ``state`` is not an :class:`AdaptiveKLState`.
+            ConfigError: a beta outside ``[beta_floor, beta_ceil]`` (a state saved under another config).
+        """
+        check_state(state, AdaptiveKLState, "AdaptiveKL")
+        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+
     def update(
         self, state: AdaptiveKLState, kl: float, n_steps: int = 1, *, allow_lower: bool = True
     ) -> tuple[ControlOutput, AdaptiveKLState]:
@@ -180,8 +190,7 @@ class AdaptiveKL:
             InputError: ``kl`` is NaN, infinite or negative, or ``n_steps < 1``.
             ConfigError: ``state`` holds a beta outside this controller's ``[beta_floor, beta_ceil]``.
         """
-        check_state(state, AdaptiveKLState, "AdaptiveKL")
-        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+        self.validate(state)
         kl = check_measurement("kl", kl, lo=0.0, hi=None)
         n_steps = check_steps("n_steps", n_steps)
         allow_lower = check_bool("allow_lower", allow_lower)

@@ -21,10 +21,10 @@ from loopguard.control._common import (
     check_floor_ceil,
     check_measurement,
     check_state,
-    decode_state,
     direction_of,
     encode_state,
     fmt_beta,
+    load_state,
     snap_to_base,
 )
 from loopguard.exceptions import ConfigError
@@ -85,8 +85,8 @@ class BangBangState:
         """Rebuild a state from :meth:`to_dict` output, validating every key, type and invariant.
 
         Raises:
-            LoopguardTypeError: ``payload`` is not a dict, or a value has the wrong type.
-            ConfigError: wrong ``kind``/``version``, missing or extra keys, or a value out of range.
+            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
+                value of the wrong type or out of range; fields that contradict each other.
 
         Example:
             >>> import json
@@ -94,7 +94,7 @@ class BangBangState:
             >>> BangBangState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
             True
         """
-        return cls(**decode_state(payload, "BangBangState", _STATE_SPECS))
+        return load_state(cls, payload, _STATE_SPECS)
 
 
 _STATE_SPECS = {
@@ -207,6 +207,16 @@ class BangBang:
         base = check_base_beta(base_beta, self.beta_floor, self.beta_ceil)
         return BangBangState(step=0, base_beta=base, beta=base, tripped=False, steps_above=0, steps_below=0)
 
+    def validate(self, state: BangBangState) -> None:
+        """Check that ``state`` could have come from this controller (its betas inside the bounds).
+
+        Raises:
+            LoopguardTypeError: ``state`` is not a :class:`BangBangState`.
+            ConfigError: a beta outside ``[beta_floor, beta_ceil]`` (a state saved under another config).
+        """
+        check_state(state, BangBangState, "BangBang")
+        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+
     def update(
         self, state: BangBangState, vote: float, *, allow_lower: bool = True
     ) -> tuple[ControlOutput, BangBangState]:
@@ -229,8 +239,7 @@ class BangBang:
             InputError: ``vote`` is NaN, infinite or outside [0, 1].
             ConfigError: ``state`` holds a beta outside this controller's ``[beta_floor, beta_ceil]``.
         """
-        check_state(state, BangBangState, "BangBang")
-        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+        self.validate(state)
         vote = check_measurement("vote", vote, lo=0.0, hi=1.0)
         allow_lower = check_bool("allow_lower", allow_lower)
 

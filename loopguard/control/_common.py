@@ -8,14 +8,15 @@ This module holds the parts all of them use, so the words of every message are t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 
+from loopguard._saved_state import as_state_error
 from loopguard._validation import check_bool, check_int, check_real, describe
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 
 __all__ = [
     "MAX_HISTORY",
@@ -33,6 +34,7 @@ __all__ = [
     "direction_of",
     "encode_state",
     "fmt_beta",
+    "load_state",
     "snap_to_base",
 ]
 
@@ -214,10 +216,10 @@ def _decode_value(key: str, value: Any, spec: FieldSpec) -> Any:
         return check_int(name, value, lo=lo)
     if not isinstance(value, (list, tuple)):
         msg = f"`{name}` must be a list of numbers, got {describe(value)} of type {type(value).__name__}."
-        raise LoopguardTypeError(msg)
+        raise StateError(msg)
     if len(value) > MAX_HISTORY:
         msg = f"`{name}` must have at most {MAX_HISTORY:,} items, got {len(value):,}."
-        raise ConfigError(msg)
+        raise StateError(msg)
     return tuple(check_real(f"{name}[{i}]", item, lo=spec.lo, hi=spec.hi) for i, item in enumerate(value))
 
 
@@ -228,18 +230,18 @@ def decode_state(payload: object, state_name: str, specs: Mapping[str, FieldSpec
     must name ``state_name`` and ``version`` must be :data:`STATE_VERSION`.
 
     Raises:
-        LoopguardTypeError: the payload is not a dict, or a value has the wrong type.
-        ConfigError: wrong ``kind`` or ``version``, missing or unexpected keys, or a value out of range.
+        StateError: the payload is not a dict; wrong ``kind`` or ``version``; missing or unexpected keys; a
+            value of the wrong type or out of range.
     """
     if not isinstance(payload, Mapping):
         msg = (
             f"`state` must be a dict (from {state_name}.to_dict()), got {describe(payload)} "
             f"of type {type(payload).__name__}."
         )
-        raise LoopguardTypeError(msg)
+        raise StateError(msg)
     if "kind" in payload and payload["kind"] != state_name:  # checked first: the likeliest mix-up
         msg = f"`state['kind']` must be {state_name!r}, got {describe(payload['kind'])}."
-        raise ConfigError(msg)
+        raise StateError(msg)
     expected = {"kind", "version", *specs}
     missing = sorted(expected - set(payload))
     unexpected = sorted(str(key) for key in set(payload) - expected)
@@ -248,12 +250,28 @@ def decode_state(payload: object, state_name: str, specs: Mapping[str, FieldSpec
             f"`state` must have exactly the keys {sorted(expected)}, got missing {missing}, "
             f"unexpected {unexpected}."
         )
-        raise ConfigError(msg)
+        raise StateError(msg)
     version = payload["version"]
     if isinstance(version, bool) or version != STATE_VERSION:
         msg = f"`state['version']` must be {STATE_VERSION}, got {describe(version)}."
-        raise ConfigError(msg)
-    return {key: _decode_value(key, payload[key], spec) for key, spec in specs.items()}
+        raise StateError(msg)
+    with as_state_error():
+        return {key: _decode_value(key, payload[key], spec) for key, spec in specs.items()}
+
+
+S = TypeVar("S")
+
+
+def load_state(state_type: Callable[..., S], payload: object, specs: Mapping[str, FieldSpec]) -> S:
+    """Decode ``payload`` with :func:`decode_state` and build the state, its invariants checked.
+
+    Raises:
+        StateError: anything :func:`decode_state` refuses, or a state whose fields contradict each other.
+    """
+    name = getattr(state_type, "__name__", str(state_type))
+    fields = decode_state(payload, name, specs)
+    with as_state_error():
+        return state_type(**fields)
 
 
 def encode_state(state_name: str, fields: Mapping[str, Any]) -> dict[str, Any]:

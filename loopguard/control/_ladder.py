@@ -14,7 +14,7 @@ from typing import Any, Literal
 import attrs
 
 from loopguard._validation import check_bool, integer
-from loopguard.control._common import FieldSpec, check_state, decode_state, encode_state
+from loopguard.control._common import FieldSpec, check_state, encode_state, load_state
 from loopguard.exceptions import ConfigError
 
 __all__ = ["EscalationLadder", "LadderAction", "LadderOutput", "LadderState"]
@@ -88,6 +88,16 @@ class LadderState:
                 f"[{self.consecutive_hacking}, {self.step}], got {self.total_hacking_steps}."
             )
             raise ConfigError(msg)
+        for name, value in (("last_rollback_step", self.last_rollback_step), ("stop_step", self.stop_step)):
+            if value is not None and value > self.step:
+                msg = f"`{name}` must be <= step ({self.step}), got {value}."
+                raise ConfigError(msg)
+        if (self.total_rollbacks == 0) != (self.last_rollback_step is None):
+            msg = (
+                "`last_rollback_step` must be set exactly when total_rollbacks > 0, got "
+                f"{self.last_rollback_step} with total_rollbacks {self.total_rollbacks}."
+            )
+            raise ConfigError(msg)
 
     @property
     def stopped(self) -> bool:
@@ -108,10 +118,10 @@ class LadderState:
         """Rebuild a state from :meth:`to_dict` output, validating every key, type and invariant.
 
         Raises:
-            LoopguardTypeError: ``payload`` is not a dict, or a value has the wrong type.
-            ConfigError: wrong ``kind``/``version``, missing or extra keys, or a value out of range.
+            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
+                value of the wrong type or out of range; fields that contradict each other.
         """
-        return cls(**decode_state(payload, "LadderState", _STATE_SPECS))
+        return load_state(cls, payload, _STATE_SPECS)
 
 
 _STATE_SPECS = {
@@ -223,6 +233,28 @@ class EscalationLadder:
         made = f"{total_rollbacks} of {self.max_rollbacks} rollbacks made"
         return f"there is no good checkpoint to roll back to ({made})"
 
+    def validate(self, state: LadderState) -> None:
+        """Check that ``state`` could have come from this ladder (its counters within the configured budget).
+
+        Raises:
+            LoopguardTypeError: ``state`` is not a :class:`LadderState`.
+            ConfigError: more rollbacks than ``max_rollbacks`` or a longer cooldown than ``cooldown_steps``
+                (a state saved under another config).
+        """
+        check_state(state, LadderState, "EscalationLadder")
+        if state.total_rollbacks > self.max_rollbacks:
+            msg = (
+                f"`state.total_rollbacks` must be at most max_rollbacks ({self.max_rollbacks}), got "
+                f"{state.total_rollbacks} (a state saved under another config?)."
+            )
+            raise ConfigError(msg)
+        if state.cooldown_left > self.cooldown_steps:
+            msg = (
+                f"`state.cooldown_left` must be at most cooldown_steps ({self.cooldown_steps}), got "
+                f"{state.cooldown_left} (a state saved under another config?)."
+            )
+            raise ConfigError(msg)
+
     def update(
         self, state: LadderState, *, hacking: bool, can_rollback: bool = True
     ) -> tuple[LadderOutput, LadderState]:
@@ -243,7 +275,7 @@ class EscalationLadder:
             LoopguardTypeError: ``state`` is not a :class:`LadderState`, or ``hacking``/``can_rollback`` is
                 not a bool.
         """
-        check_state(state, LadderState, "EscalationLadder")
+        self.validate(state)
         hacking = check_bool("hacking", hacking)
         can_rollback = check_bool("can_rollback", can_rollback)
         step = state.step + 1

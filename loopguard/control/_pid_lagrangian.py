@@ -22,10 +22,10 @@ from loopguard.control._common import (
     check_floor_ceil,
     check_measurement,
     check_state,
-    decode_state,
     direction_of,
     encode_state,
     fmt_beta,
+    load_state,
 )
 from loopguard.exceptions import ConfigError
 
@@ -60,12 +60,15 @@ class PIDLagrangianState:
     j_history: tuple[float, ...] = attrs.field(converter=_history)
 
     def __attrs_post_init__(self) -> None:
-        """Check the history's length cap and range."""
+        """Check the history's length cap and range, and that beta never sits below the user's beta."""
         if len(self.j_history) > MAX_HISTORY:
             msg = f"`j_history` must have at most {MAX_HISTORY:,} items, got {len(self.j_history):,}."
             raise ConfigError(msg)
         if any(not 0.0 <= item <= 1.0 for item in self.j_history):  # NaN fails the comparison too
             msg = f"`j_history` must hold numbers in [0, 1], got {describe(self.j_history)}."
+            raise ConfigError(msg)
+        if self.beta < self.base_beta:  # beta = clip(base_beta + lambda), lambda >= 0, base_beta >= floor
+            msg = f"`beta` must be >= base_beta ({self.base_beta:g}), got {describe(self.beta)}."
             raise ConfigError(msg)
 
     def to_dict(self) -> dict[str, Any]:
@@ -82,8 +85,8 @@ class PIDLagrangianState:
         """Rebuild a state from :meth:`to_dict` output, validating every key, type and range.
 
         Raises:
-            LoopguardTypeError: ``payload`` is not a dict, or a value has the wrong type.
-            ConfigError: wrong ``kind``/``version``, missing or extra keys, or a value out of range.
+            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
+                value of the wrong type or out of range; fields that contradict each other.
 
         Example:
             >>> import json
@@ -92,7 +95,7 @@ class PIDLagrangianState:
             >>> PIDLagrangianState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
             True
         """
-        return cls(**decode_state(payload, "PIDLagrangianState", _STATE_SPECS))
+        return load_state(cls, payload, _STATE_SPECS)
 
 
 _STATE_SPECS = {
@@ -219,6 +222,30 @@ class PIDLagrangian:
     def _integral_max(self, base_beta: float) -> float:
         return self.integral_max if self.integral_max is not None else self.beta_ceil - base_beta
 
+    def validate(self, state: PIDLagrangianState) -> None:
+        """Check that ``state`` could have come from this controller.
+
+        Raises:
+            LoopguardTypeError: ``state`` is not a :class:`PIDLagrangianState`.
+            ConfigError: a beta outside ``[beta_floor, beta_ceil]``, an integral above the anti-windup clamp
+                or a derivative history longer than ``d_delay`` (a state saved under another config).
+        """
+        check_state(state, PIDLagrangianState, "PIDLagrangian")
+        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+        if len(state.j_history) > self.d_delay:
+            msg = (
+                f"`state.j_history` must have at most d_delay ({self.d_delay}) items, "
+                f"got {len(state.j_history)} (a state saved under another config?)."
+            )
+            raise ConfigError(msg)
+        clamp = self._integral_max(state.base_beta)
+        if state.integral > clamp:
+            msg = (
+                f"`state.integral` must be at most the anti-windup clamp {clamp:g}, got "
+                f"{describe(state.integral)} (a state saved under another config?)."
+            )
+            raise ConfigError(msg)
+
     def update(
         self, state: PIDLagrangianState, score: float, *, allow_lower: bool = True
     ) -> tuple[ControlOutput, PIDLagrangianState]:
@@ -242,14 +269,7 @@ class PIDLagrangian:
             ConfigError: ``state`` does not fit this controller (beta outside the bounds, or a derivative
                 history longer than ``d_delay``).
         """
-        check_state(state, PIDLagrangianState, "PIDLagrangian")
-        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
-        if len(state.j_history) > self.d_delay:
-            msg = (
-                f"`state.j_history` must have at most d_delay ({self.d_delay}) items, "
-                f"got {len(state.j_history)} (a state saved under another config?)."
-            )
-            raise ConfigError(msg)
+        self.validate(state)
         score = check_measurement("score", score, lo=0.0, hi=1.0)
         allow_lower = check_bool("allow_lower", allow_lower)
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopguard import ConfigError, InputError, LoopguardTypeError
+from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.control import AdaptiveKL, AdaptiveKLState, BangBang
 
 
@@ -209,7 +209,5 @@ def test_bad_state_and_payload():
     payload["beta"] = 0
     with pytest.raises(ConfigError, match=re.escape("`state.beta` must be > 0, got 0.")):
         AdaptiveKLState.from_dict(payload)
-    with pytest.raises(
-        LoopguardTypeError, match=re.escape("`state` must be a dict (from AdaptiveKLState.to_dict())")
-    ):
+    with pytest.raises(StateError, match=re.escape("`state` must be a dict (from AdaptiveKLState.to_dict())")):
         AdaptiveKLState.from_dict("state")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopguard import ConfigError, InputError, LoopguardTypeError
+from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.control import BangBang, BangBangState, ControlOutput, PIDLagrangian
 
 # --------------------------------------------------------------------------------------------------
@@ -364,14 +364,14 @@ def test_wrong_state_is_rejected():
         (lambda d: d.update(extra=1), ConfigError, "got missing [], unexpected ['extra']."),
         (lambda d: d.update(kind="LadderState"), ConfigError, "`state['kind']` must be 'BangBangState', got"),
         (lambda d: d.update(version=2), ConfigError, "`state['version']` must be 1, got 2."),
-        (lambda d: d.update(beta="0.1"), LoopguardTypeError, "`state.beta` must be a real number, got '0.1'"),
+        (lambda d: d.update(beta="0.1"), StateError, "`state.beta` must be a real number, got '0.1'"),
         (lambda d: d.update(beta=-1.0), ConfigError, "`state.beta` must be > 0, got -1.0."),
         (
             lambda d: d.update(tripped=1),
-            LoopguardTypeError,
+            StateError,
             "`state.tripped` must be a bool, got 1 of type int.",
         ),
-        (lambda d: d.update(step=1.5), LoopguardTypeError, "`state.step` must be an integer, got 1.5"),
+        (lambda d: d.update(step=1.5), StateError, "`state.step` must be an integer, got 1.5"),
         (lambda d: d.update(beta=0.001), ConfigError, "`beta` must be >= base_beta (0.01), got 0.001."),
         (
             lambda d: d.update(beta=0.02),
@@ -390,7 +390,7 @@ def test_from_dict_validates(mutate, error, message):
 
 def test_from_dict_rejects_non_dict():
     with pytest.raises(
-        LoopguardTypeError, match=re.escape("`state` must be a dict (from BangBangState.to_dict())")
+        StateError, match=re.escape("`state` must be a dict (from BangBangState.to_dict())")
     ):
         BangBangState.from_dict([1, 2])
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopguard import ConfigError, LoopguardTypeError
+from loopguard import ConfigError, LoopguardTypeError, StateError
 from loopguard.control import (
     AdaptiveKL,
     BangBang,
@@ -295,7 +295,7 @@ def test_bad_update_arguments():
         ),
         (
             lambda d: d.update(stop_step="3"),
-            LoopguardTypeError,
+            StateError,
             "`state.stop_step` must be an integer, got '3'",
         ),
         (lambda d: d.update(version=True), ConfigError, "`state['version']` must be 1, got True."),

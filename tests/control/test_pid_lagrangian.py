@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loopguard import ConfigError, InputError, LoopguardTypeError
+from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.control import BangBang, PIDLagrangian, PIDLagrangianState
 
 # --------------------------------------------------------------------------------------------------
@@ -352,7 +352,7 @@ def test_bad_base_beta_and_state():
         ),
         (
             lambda d: d.update(j_history="0.5"),
-            LoopguardTypeError,
+            StateError,
             "`state.j_history` must be a list of numbers",
         ),
         (
