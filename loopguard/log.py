@@ -13,8 +13,11 @@ The writer is built to run inside a training loop that must not die because of i
   shift to ``path.2`` ... ``path.<backups>``; the oldest is dropped).
 * **No writing through symlinks.** The file is opened with ``O_NOFOLLOW`` and checked with ``os.lstat``
   before it is rotated; a symlinked log file is refused (its target stays untouched).
-* **Secrets redacted.** Hugging Face tokens, OpenAI-style keys and ``Bearer`` tokens in any string (keys
-  included) become ``[REDACTED]`` before anything reaches the disk.
+* **Secrets redacted.** Access tokens and API keys (Hugging Face, OpenAI, Anthropic, GitHub, AWS),
+  values of ``api_key=``/``token:``/``"password": "..."``-style pairs, HTTP authorization credentials, URL
+  passwords and private-key blocks in any string become ``[REDACTED]`` before anything reaches the disk
+  (see :func:`redact_secrets`); dictionary keys holding one are renamed ``[REDACTED]``, ``[REDACTED#2]``,
+  ... so that no entry is lost.
 * **Never raises into training.** A failure warns once per :class:`MitigationLog` and
   :meth:`MitigationLog.append` returns ``False``; later appends keep trying.
 
@@ -52,6 +55,7 @@ import numpy as np
 
 from loopguard._types import ACTIONS, VERDICTS, Action, Verdict
 from loopguard._validation import (
+    MAX_NAME_LENGTH,
     check_bool,
     check_choice,
     check_int,
@@ -113,11 +117,45 @@ _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
 _REDACTED = "[REDACTED]"
+# What redact_secrets replaces. re.ASCII: the case-insensitive parts fold ASCII letters only (else "ſ" and
+# the Kelvin sign would match "s" and "k", and JSON would escape them out of _SECRET_HINT's sight). Every
+# alternative consumes whole runs of the characters it accepts, or ends where no match can start, so
+# redacting twice gives what redacting once gives (a hypothesis test checks it).
 _SECRET = re.compile(
-    r"hf_[A-Za-z0-9]{20,}[A-Za-z0-9_\-]*"  # Hugging Face access tokens (and the rest of the word)
-    r"|sk-[A-Za-z0-9_\-]{20,}"  # OpenAI-style API keys (sk-..., sk-proj-..., sk-ant-...)
-    r"|\bbearer\s+[A-Za-z0-9\-._~+/]+=*",  # HTTP bearer credentials (RFC 6750 token68), any case
-    re.IGNORECASE,
+    r"""
+    # a credential given as a pair: key=value, key: value, "key": "value", 'key': 'value' (an Authorization
+    # header too); the key and the separator are kept, only the value is redacted
+    (?P<key>(?i:api[_-]?key|access[_-]?key|secret[_-]?key|secret|token|passw(?:or)?d|authorization)
+        ["']?\s*[:=]\s*)
+    (?:
+        (?P<quote>["'])(?:(?!(?P=quote))[^\\]|\\[\s\S])+(?P<close>(?P=quote))?  # quoted, escapes honoured
+      | (?:(?i:bearer|basic|token|digest)\s+)?                    # bare, with its auth scheme word
+        (?:\[REDACTED(?:\#[0-9]+)?\]|[^\s"',;&)\]}]+)             # up to a delimiter
+    )
+    # the password in a URL's user info: scheme://user:password@host
+  | (?P<userinfo>://[^\s/?\#@:\[\]]*:)[^\s/?\#@\[\]]+(?=@)
+    # Hugging Face access tokens (and the rest of the word), never inside a word
+  | (?<![A-Za-z0-9])hf_[A-Za-z0-9]{20,}[A-Za-z0-9_-]*
+    # OpenAI and Anthropic keys, never inside a word ("task-oriented"): sk- and 20+ letters or digits
+    # (legacy keys), or a known prefix and 20+ base64url characters (sk-proj-, sk-svcacct-, sk-admin-,
+    # sk-None-, sk-ant-api03-...), or 20+ base64url characters holding upper and lower case and a digit
+  | (?<![A-Za-z0-9])sk-(?:
+        [A-Za-z0-9]{20,}[A-Za-z0-9_-]*
+      | (?:proj|svcacct|admin|None|ant)-[A-Za-z0-9_-]{20,}
+      | (?=[A-Za-z0-9_-]{0,200}?[0-9])(?=[A-Za-z0-9_-]{0,200}?[A-Z])(?=[A-Za-z0-9_-]{0,200}?[a-z])
+        [A-Za-z0-9_-]{20,}
+    )
+    # GitHub tokens: classic (ghp_, gho_, ghu_, ghs_, ghr_) and fine-grained (github_pat_)
+  | (?<![A-Za-z0-9])gh[pousr]_[A-Za-z0-9]{36,}
+  | (?<![A-Za-z0-9])github_pat_[A-Za-z0-9_]{36,}
+    # AWS access key ids (long-term AKIA..., temporary ASIA...): 16 more upper-case letters or digits
+  | (?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])
+    # HTTP bearer credentials (RFC 6750 token68), any case; the word goes with the token
+  | (?i:\bbearer)\s+[A-Za-z0-9\-._~+/]+=*
+    # PEM private keys, to the END line (or to the end of the text when it was cut short)
+  | -----BEGIN[ A-Z0-9]*PRIVATE[ ]KEY-----[\s\S]*?(?:-----END[ A-Z0-9]*PRIVATE[ ]KEY-----|\Z)
+    """,
+    re.ASCII | re.VERBOSE,
 )
 _FIELD_ORDER = (
     "step",
@@ -137,19 +175,47 @@ _FIELD_ORDER = (
 _REQUIRED_ON_DISK = frozenset(("schema", "ts", *_FIELD_ORDER))
 # Every secret _SECRET matches contains one of these ASCII fragments, which JSON never escapes: a record
 # whose serialised text has none of them needs no redaction pass (the common case, and the fast path).
-_SECRET_HINT = re.compile(r"hf_|sk-|bearer", re.IGNORECASE)
+# Keep it a superset when _SECRET grows: a hypothesis test checks it on strings and on their JSON text.
+_SECRET_HINT = re.compile(
+    r"hf_|sk-|gh[pousr]_|github_pat_|akia|asia|bearer|key|secret|token|passw|authorization|://",
+    re.ASCII | re.IGNORECASE,
+)
 _TS_PATTERN = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
 
 
 def redact_secrets(text: str) -> str:
     """Replace credentials in ``text`` with ``[REDACTED]``.
 
-    Three kinds are recognised: Hugging Face tokens (``hf_`` followed by at least 20 letters or digits,
-    redacted up to the end of the word, ``_`` and ``-`` included), OpenAI-style keys (``sk-`` followed by
-    at least 20 of ``[A-Za-z0-9_-]``) and HTTP bearer credentials (the word ``Bearer``, any case, then
-    whitespace and a token of RFC 6750 characters; the word is redacted with the token).
-    The patterns err on the side of redacting: a false positive loses a few characters of a log line, a
-    false negative leaks a credential.
+    Recognised (prefixes are case-sensitive unless said otherwise):
+
+    * Hugging Face tokens: ``hf_`` and at least 20 letters or digits, redacted to the end of the word
+      (``_`` and ``-`` included).
+    * OpenAI and Anthropic keys, not inside a word: ``sk-`` and at least 20 letters or digits (legacy
+      keys); ``sk-proj-``, ``sk-svcacct-``, ``sk-admin-``, ``sk-None-`` or ``sk-ant-`` and at least 20
+      base64url characters (``sk-ant-api03-...``); or ``sk-`` and at least 20 base64url characters among
+      which an upper-case letter, a lower-case letter and a digit.
+    * GitHub tokens: ``ghp_``, ``gho_``, ``ghu_``, ``ghs_`` or ``ghr_`` and at least 36 letters or
+      digits; fine-grained ``github_pat_`` and at least 36 of ``[A-Za-z0-9_]``.
+    * AWS access key ids: ``AKIA`` or ``ASIA`` and exactly 16 upper-case letters or digits, as a word.
+    * The value of a credential pair, its key and separator kept: a key ending in ``api_key``,
+      ``apikey``, ``api-key``, ``access_key`` (so ``aws_secret_access_key``), ``secret_key``, ``secret``,
+      ``token``, ``password``, ``passwd`` or ``authorization`` (any case), an optional closing quote,
+      then ``=`` or ``:``. The value is the quoted string that follows (``"..."`` or ``'...'``, escapes
+      honoured), or else a run up to whitespace, a quote, ``,;&`` or ``)]}``, with the scheme word
+      before it (``Bearer``, ``Basic``, ``Token``, ``Digest``). So ``token=abc&x=1`` becomes
+      ``token=[REDACTED]&x=1``, ``{"password": "a b"}`` becomes ``{"password": "[REDACTED]"}`` and
+      ``Authorization: Basic dXNlcjpw`` becomes ``Authorization: [REDACTED]``.
+    * HTTP bearer credentials anywhere: ``Bearer`` (any case), whitespace and an RFC 6750 token; the
+      word goes with the token.
+    * The password of a URL's user info: ``https://user:[REDACTED]@host``.
+    * PEM private keys: ``-----BEGIN ... PRIVATE KEY-----`` to its ``END`` line.
+
+    Not recognised: a secret with neither a telling prefix nor a key name before it (a bare password, a
+    hex string, a JWT without ``Bearer``, an AWS secret key on its own), and other vendors' prefixes.
+    Ordinary text such as ``task-oriented``, ``sk-learn``, ``hf_hub_download``, ``max_new_tokens=64``,
+    git SHAs and UUIDs is left alone. The patterns err on the side of redacting: a false positive loses a
+    few characters of a log line, a false negative leaks a credential. Redacting twice gives the same
+    text as redacting once.
 
     Args:
         text: Any string.
@@ -162,16 +228,73 @@ def redact_secrets(text: str) -> str:
         'pushed with [REDACTED] ok'
         >>> redact_secrets("Authorization: Bearer eyJhbGciOi.J9x-_y")
         'Authorization: [REDACTED]'
+        >>> redact_secrets('{"api_key": "abc 123", "task": "task-oriented"}')
+        '{"api_key": "[REDACTED]", "task": "task-oriented"}'
     """
-    return _SECRET.sub(_REDACTED, text)
+    return _SECRET.sub(_replace_secret, text)
+
+
+def _replace_secret(match: re.Match[str]) -> str:
+    """Replace one :data:`_SECRET` match, keeping a pair's key (and quotes) or a URL's user name."""
+    key = match.group("key")
+    if key is not None:
+        return f"{key}{match.group('quote') or ''}{_REDACTED}{match.group('close') or ''}"
+    userinfo = match.group("userinfo")
+    if userinfo is not None:
+        return f"{userinfo}{_REDACTED}"
+    return _REDACTED
+
+
+def _redact_text(text: str) -> str:
+    """Redact one string of a record without pushing it past a length limit of the record schema.
+
+    ``[REDACTED]`` can be longer than what it replaces (``token=1``), and a record must stay readable: a
+    string of at most ``MAX_NAME_LENGTH`` (64) characters (a mode, a name) or of at most
+    :data:`MAX_EXPLANATION_LENGTH` characters that redaction would make longer than that limit becomes
+    ``[REDACTED]`` as a whole.
+    """
+    redacted = redact_secrets(text)
+    if len(redacted) > len(text):
+        for limit in (MAX_NAME_LENGTH, MAX_EXPLANATION_LENGTH):
+            if len(text) <= limit < len(redacted):
+                return _REDACTED
+    return redacted
+
+
+def _redacted_name(number: int) -> str:
+    return _REDACTED if number == 1 else f"[REDACTED#{number}]"
 
 
 def _redact_tree(value: Any) -> Any:
-    """Redact every string in a JSON tree, dictionary keys included (returns a new tree)."""
+    """Redact every string in a JSON tree, dictionary keys included (returns a new tree).
+
+    A key that holds a secret is replaced as a whole, in key order, by the first free name among
+    ``[REDACTED]``, ``[REDACTED#2]``, ``[REDACTED#3]``, ...: never a key of the same mapping that stays as
+    it is, nor a name given before, so no two entries collapse into one and no value is lost. Keys keep
+    their order, the same tree always gives the same result, and redacting that result changes nothing.
+
+    Example:
+        >>> token = "hf_" + "a" * 30
+        >>> _redact_tree({token + "1": 1, "[REDACTED]": 2, token + "2": [f"token={token}"]})
+        {'[REDACTED#2]': 1, '[REDACTED]': 2, '[REDACTED#3]': ['token=[REDACTED]']}
+    """
     if isinstance(value, str):
-        return redact_secrets(value)
+        return _redact_text(value)
     if isinstance(value, dict):
-        return {redact_secrets(key): _redact_tree(item) for key, item in value.items()}
+        secret = {key: redact_secrets(key) != key for key in value}
+        taken = {key for key, holds in secret.items() if not holds}
+        result: dict[str, Any] = {}
+        number = 0
+        for key, item in value.items():
+            name = key
+            if secret[key]:
+                number += 1
+                while _redacted_name(number) in taken:
+                    number += 1
+                name = _redacted_name(number)
+                taken.add(name)
+            result[name] = _redact_tree(item)
+        return result
     if isinstance(value, list):
         return [_redact_tree(item) for item in value]
     return value

@@ -64,6 +64,24 @@ _ACTION_STYLE = {  # marker, colour, legend label
     "stop": ("s", "#000000", "stop"),
 }
 _FIRST_SENTENCE_CHARS = 240
+# Characters that must not reach a terminal (or a figure, or a page) as they are: C0 controls, DEL, C1
+# controls (ANSI escape sequences start with ESC or CSI), the Unicode line and paragraph separators, and the
+# bidirectional controls that can make text read differently from what it holds.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape_control(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # every character _CONTROLS matches is one repr escapes
+
+
+def _visible(text: str) -> str:
+    r"""Write every control character of ``text`` as its Python escape (``\x1b``, ``\r``, ``\u202e``).
+
+    Example:
+        >>> print(_visible("kl\x1b[31m_control\r\u202e"))
+        kl\x1b[31m_control\r\u202e
+    """
+    return _CONTROLS.sub(_escape_control, text)
 
 
 def _fmt(value: float | None) -> str:
@@ -234,13 +252,17 @@ def _first_sentence(text: str) -> str:
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> str:
-    """Say in a few plain-English lines what a mitigation log records.
+    r"""Say in a few plain-English lines what a mitigation log records.
 
     The lines are: what was observed (records, first and last step, mode, warm-up, the worst verdict); what
     tripped (the first WARN and first HACK steps, and the signals that scored highest at the first HACK);
     every action, grouped (runs of raises or lowers, rollbacks with the step restored, the stop with the
     weights restored); and the outcome (final verdict, stopped or not, final beta against the starting one).
     A healthy log says that nothing tripped and nothing was changed. The text depends only on the records.
+    It is safe to print to a terminal: control characters in names and explanations from the log (ANSI
+    escape sequences, carriage returns, line breaks, other C0 and C1 controls, bidirectional overrides) are
+    written as their Python escapes (``\x1b``, ``\r``, ``\u202e``), so no name adds a line or moves the
+    cursor.
 
     Args:
         records: The log's records in file order, as returned by :func:`~loopguard.log.read_mitigation_log`
@@ -291,7 +313,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> str:
             why = " (log_only mode only records)" if modes == ["log_only"] else ""
             lines.append(f"Actions: none; nothing was changed{why}.")
     lines.append(_outcome(checked))
-    return "\n".join(lines)
+    return "\n".join(_visible(line) for line in lines)  # names and explanations come from the log
 
 
 def _tripped(records: Sequence[Mapping[str, Any]], hack_level: float) -> list[str]:
@@ -396,6 +418,18 @@ def _bands(ax: Axes, warn: float, hack: float, source: str, *, label: bool) -> N
         )
 
 
+def _literal(texts: Any) -> None:
+    """Draw matplotlib ``Text`` objects as written: no mathtext (``$...$``), no LaTeX."""
+    for text in texts:
+        text.set_parse_math(False)
+        text.set_usetex(False)
+
+
+def _legend(ax: Axes, *args: Any, **kwargs: Any) -> None:
+    """``ax.legend(...)`` with every label drawn literally (a name from the log may hold ``$``)."""
+    _literal(ax.legend(*args, **kwargs).get_texts())
+
+
 def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None:
     from matplotlib.patches import Patch
 
@@ -452,7 +486,7 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
         else:
             beta_axis.plot([], [], linestyle="--", color=colour, label=f"{label} ({len(hits)})")
     if beta_axis.get_legend_handles_labels()[0]:
-        beta_axis.legend(loc="upper left", fontsize=8, ncol=3)
+        _legend(beta_axis, loc="upper left", fontsize=8, ncol=3)
 
     # (b) the vote, the bands, and the verdicts as a strip under the curve
     _bands(vote_axis, warn, hack, source, label=True)
@@ -468,16 +502,19 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
     if warm_steps:
         handles.append(Patch(color="#7f7f7f", alpha=0.12))
         labels.append("warm-up")
-    vote_axis.legend(handles, labels, loc="upper left", fontsize=8, ncol=4)
+    _legend(vote_axis, handles, labels, loc="upper left", fontsize=8, ncol=4)
 
     # (c) each detector's score
     _bands(signal_axis, warn, hack, source, label=False)
     names = sorted({name for record in records for name in _scores(record)})
+    lines = []
     for name in names:
         values = [_scores(record).get(name, math.nan) for record in records]
-        signal_axis.plot(steps, values, linewidth=1.2, label=name)
+        lines.extend(signal_axis.plot(steps, values, linewidth=1.2))
     if names:
-        signal_axis.legend(loc="upper left", fontsize=8, ncol=min(len(names), 5))
+        # labels passed explicitly: matplotlib would leave out a name starting with "_"
+        labels = [_visible(name) for name in names]
+        _legend(signal_axis, lines, labels, loc="upper left", fontsize=8, ncol=min(len(names), 5))
     else:
         signal_axis.text(
             0.5,
@@ -493,7 +530,12 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
     signal_axis.set_xlabel("training step")
     for ax in axes:
         ax.grid(True, alpha=0.25)
-    figure.suptitle(title, fontsize=10)
+    figure.suptitle(_visible(title), fontsize=10, parse_math=False, usetex=False)
+
+
+def _html_text(text: str) -> str:
+    """``text`` for an HTML element or attribute: controls escaped visibly, then ``&<>"'`` as entities."""
+    return html.escape(_visible(text), quote=True)
 
 
 def _html(summary: str, png: bytes, records: Sequence[Mapping[str, Any]]) -> str:
@@ -507,8 +549,8 @@ def _html(summary: str, png: bytes, records: Sequence[Mapping[str, Any]]) -> str
         beta = "" if before is None and after is None else f"{_fmt(before)} -> {_fmt(after)}"
         what = action if action != "none" else "none (first HACK)"
         cells = [str(record["step"]), str(record["verdict"]), what, beta, str(record.get("explanation", ""))]
-        rows.append("<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>")
-    title = html.escape(summary.split("\n", 1)[0])
+        rows.append("<tr>" + "".join(f"<td>{_html_text(cell)}</td>" for cell in cells) + "</tr>")
+    title = _html_text(summary.split("\n", 1)[0])
     table = (
         "<table>\n<tr><th>step</th><th>verdict</th><th>action</th><th>beta</th><th>explanation</th></tr>\n"
         + "\n".join(rows)
@@ -524,7 +566,7 @@ def _html(summary: str, png: bytes, records: Sequence[Mapping[str, Any]]) -> str
         "white-space:pre-wrap}img{max-width:100%}table{border-collapse:collapse}td,th{border:1px solid #ccc;"
         "padding:4px 8px;vertical-align:top;text-align:left}</style>\n</head>\n<body>\n"
         "<h1>loopguard report</h1>\n"
-        f"<pre>{html.escape(summary)}</pre>\n"
+        f"<pre>{_html_text(summary)}</pre>\n"
         f'<img alt="beta, vote and signal scores over training steps" src="data:image/png;base64,{image}">\n'
         f"<h2>Actions and the first HACK</h2>\n{table}\n</body>\n</html>\n"
     )
@@ -542,9 +584,11 @@ def render_report(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[
     The title is the first line of :func:`summarize`.
 
     ``.html`` writes one page with the figure embedded as a base64 PNG, the summary, and a table of the
-    actions (and the first HACK) with their explanations; everything from the log is HTML-escaped. The
-    drawing uses its own :class:`matplotlib.figure.Figure` and the Agg canvas: pyplot and the global backend
-    are not touched.
+    actions (and the first HACK) with their explanations. Every string from the log is shown as written:
+    drawn without mathtext or LaTeX (a ``$`` stays a ``$``; a signal name starting with ``_`` is still in
+    the legend), with control characters written as escapes (as in :func:`summarize`), and HTML-escaped
+    (``&<>"'``) everywhere on the page (title, summary, table). The drawing uses its own
+    :class:`matplotlib.figure.Figure` and the Agg canvas: pyplot and the global backend are not touched.
 
     Args:
         records: The log's records, as returned by :func:`~loopguard.log.read_mitigation_log`.

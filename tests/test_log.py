@@ -12,11 +12,13 @@ import warnings
 import attrs
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from loopguard import ConfigError, InputError, LoopguardTypeError
 from loopguard.log import (
+    _SECRET,
+    _SECRET_HINT,
     ACTIONS,
     LOG_SCHEMA_VERSION,
     MAX_EXPLANATION_LENGTH,
@@ -25,6 +27,7 @@ from loopguard.log import (
     VERDICTS,
     MitigationLog,
     MitigationRecord,
+    _redact_tree,
     read_mitigation_log,
     redact_secrets,
 )
@@ -588,6 +591,229 @@ def test_secret_after_escaped_whitespace_is_redacted(log_path):
     content = pathlib.Path(log_path).read_text()
     assert "secret-token-value" not in content
     assert read_mitigation_log(log_path)[0]["explanation"] == "[REDACTED]"
+
+
+# a secret of each shape (none is a real credential)
+GHP = "ghp_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI3kM5"  # 36 base62 characters after the prefix
+GITHUB_PAT = (
+    "github_pat_11ABCDEFG0123456789abc_" + "dEf456GhI789jKl012MnO345pQr678StU901vWx234yZa567bCd890eFg12"
+)
+OPENAI_LEGACY = "sk-" + "T3BlbkFJ" + "a1B2c3D4e5F6g7H8i9J0" * 2
+OPENAI_PROJECT = "sk-proj-" + "Ab_9-xYz" * 20
+ANTHROPIC = "sk-ant-api03-" + "Zx9_Yw8-Vu7T" * 8 + "AA"
+AWS_ID = "AKIAIOSFODNN7EXAMPLE"  # the example id of the AWS documentation
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+SHA = "3f786850e387550fdab836ed7e6dc881de23001b"
+UUID = "123e4567-e89b-12d3-a456-426614174000"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Hugging Face
+        (f"HF_TOKEN {HF} set", "HF_TOKEN [REDACTED] set"),
+        # OpenAI and Anthropic
+        (f"key {OPENAI_LEGACY}.", "key [REDACTED]."),
+        (f"({OPENAI_PROJECT})", "([REDACTED])"),
+        ("sk-svcacct-" + "a-b_" * 6, "[REDACTED]"),
+        (f"client = Anthropic({ANTHROPIC!r})", "client = Anthropic('[REDACTED]')"),
+        ("sk-" + "Ab-1" * 6, "[REDACTED]"),  # no known prefix: mixed case and digits, any base64url
+        # GitHub
+        *[
+            (f"push with {prefix}{GHP[4:]} done", "push with [REDACTED] done")
+            for prefix in ("ghp_", "gho_", "ghu_", "ghs_", "ghr_")
+        ],
+        (f"remote: {GITHUB_PAT}", "remote: [REDACTED]"),
+        # AWS
+        (f"id {AWS_ID} in us-east-1", "id [REDACTED] in us-east-1"),
+        ("ASIA" + "Z2Y3X4W5V6U7T8S9", "[REDACTED]"),
+        (f"aws_secret_access_key={AWS_SECRET}", "aws_secret_access_key=[REDACTED]"),
+        (f"AWS_SECRET_ACCESS_KEY: {AWS_SECRET}", "AWS_SECRET_ACCESS_KEY: [REDACTED]"),
+        (f'{{"aws_secret_access_key": "{AWS_SECRET}"}}', '{"aws_secret_access_key": "[REDACTED]"}'),
+        # generic pairs: the key stays, the value goes
+        ("api_key=abc123", "api_key=[REDACTED]"),
+        ("apikey: abc123", "apikey: [REDACTED]"),
+        ("X-Api-Key: abc123", "X-Api-Key: [REDACTED]"),
+        ("OPENAI_API_KEY=abc123", "OPENAI_API_KEY=[REDACTED]"),
+        ("https://host/x?token=abc123&page=2", "https://host/x?token=[REDACTED]&page=2"),
+        ("secret = s3cr3t, next", "secret = [REDACTED], next"),
+        ("SECRET_KEY='django-insecure-1'", "SECRET_KEY='[REDACTED]'"),
+        ("password: hunter2", "password: [REDACTED]"),
+        ("db_passwd=hunter2;", "db_passwd=[REDACTED];"),
+        ('{"password": "correct horse battery", "user": "ann"}', '{"password": "[REDACTED]", "user": "ann"}'),
+        ('{"token" : "a\\"b"}', '{"token" : "[REDACTED]"}'),  # an escaped quote inside the value
+        ("{'client_secret': 'abc', 'n': 1}", "{'client_secret': '[REDACTED]', 'n': 1}"),
+        ('password="unterminated', 'password="[REDACTED]'),
+        # HTTP authorization headers and URL credentials
+        ("Authorization: Basic dXNlcjpwYXNz", "Authorization: [REDACTED]"),
+        ('{"Authorization": "Basic dXNlcjpwYXNz"}', '{"Authorization": "[REDACTED]"}'),
+        ("authorization=token abc123 rest", "authorization=[REDACTED] rest"),
+        ("token: Bearer abc.def", "token: [REDACTED]"),
+        ("GET https://ann:pa55w0rd@example.com/x", "GET https://ann:[REDACTED]@example.com/x"),
+        # private keys
+        (
+            "key:\n-----BEGIN RSA PRIVATE KEY-----\nMIIEow\nAAAA\n-----END RSA PRIVATE KEY-----\nok",
+            "key:\n[REDACTED]\nok",
+        ),
+        ("-----BEGIN PRIVATE KEY-----\nMIIEv (cut short", "[REDACTED]"),
+    ],
+)
+def test_redact_secrets_covers_common_token_shapes(text, expected):
+    assert redact_secrets(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task-oriented dialogue",
+        "task-oriented-dialogue-benchmark-v2",  # 'sk-' inside a word is not a key
+        "risk-assessment_framework_2024_final",
+        "sk-learn",
+        "sk-learn-compatible-estimator-api",
+        "SK-" + "A" * 30,  # keys start with a lower-case sk-
+        "hf_hub_download",
+        "hf_token",
+        "export HF_HUB_ENABLE_HF_TRANSFER=1",
+        "hf_transfer_enabled",
+        f"commit {SHA}",
+        f"sha={SHA}",
+        f"run_id: {UUID}",
+        f"checkpoint-{UUID}/weights",
+        "ghp_" + "a" * 35,  # one character short
+        "ghx_" + "a" * 40,
+        "github_pat_expiry_days",
+        "AKIA" + "A" * 15,
+        "AKIA" + "A" * 17,  # part of a longer upper-case word
+        "akiaiosfodnn7example",
+        "max_new_tokens=64",
+        "num_tokens: 128",
+        "tokens=3",
+        "token_count: 5",
+        "secretary: Ann",
+        "the password was rotated yesterday",
+        'password: "" (empty)',
+        "basic usage: fine",
+        "https://example.com:8080/path",
+        "raised beta 0.010 -> 0.015: repetition 0.71 >= trip 0.30 for 2 steps",
+        "ſk-" + "a" * 30,  # non-ASCII look-alikes are not the ASCII prefixes
+        "hf_" + "a" * 19 + "-" + "b" * 30,
+    ],
+)
+def test_redact_secrets_leaves_ordinary_text_alone(text):
+    assert redact_secrets(text) == text
+
+
+def test_redacted_keys_are_unique_and_lose_no_value(log_path):
+    hf_other = "hf_" + "Zz9" * 10
+    rec = record(
+        signals={HF: 0.1, "[REDACTED]": 0.2, hf_other: 0.3, "clean": 0.4},
+        extra={"nested": {SK: "a", f"Bearer {BEARER_TOKEN}": "b", "[REDACTED#2]": "c", HF: "d"}},
+    )
+    assert MitigationLog(log_path).append(rec)
+    content = pathlib.Path(log_path).read_text()
+    for secret in (HF, hf_other, SK, BEARER_TOKEN):
+        assert secret not in content
+    row = read_mitigation_log(log_path)[0]
+    # keys that were no secret keep their names; redacted ones are numbered in key order around them
+    assert list(row["signals"].items()) == [
+        ("[REDACTED#2]", 0.1),
+        ("[REDACTED]", 0.2),
+        ("[REDACTED#3]", 0.3),
+        ("clean", 0.4),
+    ]
+    assert list(row["extra"]["nested"].items()) == [
+        ("[REDACTED]", "a"),
+        ("[REDACTED#3]", "b"),
+        ("[REDACTED#2]", "c"),
+        ("[REDACTED#4]", "d"),
+    ]
+
+
+def test_redact_tree_is_deterministic_and_idempotent():
+    tree = {"b " + HF: 1, "a " + HF: 2, "x": [{SK: 3, "y": f"token={HF}"}]}
+    once = _redact_tree(tree)
+    assert once == {"[REDACTED]": 1, "[REDACTED#2]": 2, "x": [{"[REDACTED]": 3, "y": "token=[REDACTED]"}]}
+    assert list(once) == ["[REDACTED]", "[REDACTED#2]", "x"]
+    assert _redact_tree(tree) == once
+    assert _redact_tree(once) == once
+
+
+def test_redaction_never_makes_a_record_unreadable(log_path):
+    # "[REDACTED]" can be longer than the secret it replaces; a field at its length cap must stay valid
+    mode = "m" * 55 + " Bearer x"  # 64 characters, the most a mode may have
+    explanation = "password=1 " * (MAX_EXPLANATION_LENGTH // 11)
+    signal = "s" * 54 + "token=abc"
+    assert MitigationLog(log_path).append(record(mode=mode, explanation=explanation, signals={signal: 0.5}))
+    row = read_mitigation_log(log_path)[0]
+    assert row["mode"] == "[REDACTED]"
+    assert row["explanation"] == "[REDACTED]"
+    assert row["signals"] == {"[REDACTED]": 0.5}
+    assert "password=1" not in pathlib.Path(log_path).read_text()
+
+
+def test_json_forms_in_a_record_are_redacted_but_readable(log_path):
+    why = 'upload failed: {"api_key": "abc123", "user": "ann"}; retry with token=xyz789&x=1'
+    assert MitigationLog(log_path).append(record(explanation=why))
+    row = read_mitigation_log(log_path)[0]
+    assert row["explanation"] == (
+        'upload failed: {"api_key": "[REDACTED]", "user": "ann"}; retry with token=[REDACTED]&x=1'
+    )
+
+
+# fragments that make up the secrets the patterns know, and near misses, so that random strings hit them
+# fmt: off
+_FRAGMENTS = [
+    "hf_", "sk-", "proj-", "ant-", "ghp_", "gho_", "ghs_", "github_pat_", "AKIA", "ASIA", "Bearer", "basic",
+    "token", "api_key", "apikey", "secret", "password", "passwd", "authorization", "aws_secret_access_key",
+    "-----BEGIN RSA PRIVATE KEY-----", "-----END RSA PRIVATE KEY-----", "://", "user:", "@", "=", ":", " ",
+    "\n", '"', "'", "\\", ",", "&", "]", "-", "_", "[REDACTED]", "[REDACTED#2]", "aB3", "Z9", "x" * 7,
+    "A1b2C3d4E5f6G7h8", "ſ", "K", "ı", "İ", "\u00a0", "é", "\x00", "\ud800",
+]
+# fmt: on
+_SECRET_TEXT = st.lists(st.one_of(st.sampled_from(_FRAGMENTS), st.text(max_size=4)), max_size=40).map("".join)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_SECRET_TEXT)
+@example("ſk-" + "a" * 30)  # matched 'sk-' case-insensitively before; its JSON text holds '\\u017fk-'
+@example("Bearer\u00a0x")
+def test_secret_hint_matches_whatever_the_secret_pattern_matches(text):
+    # The writer skips redaction when the hint finds nothing in the record's JSON text (ensure_ascii): the
+    # hint must match that text, not only the string itself, whenever the pattern finds a secret in it.
+    for match in _SECRET.finditer(text):
+        found = match.group(0)
+        assert _SECRET_HINT.search(found), found
+        assert _SECRET_HINT.search(json.dumps(found, ensure_ascii=True)), found
+    if redact_secrets(text) != text:
+        assert _SECRET_HINT.search(json.dumps(text, ensure_ascii=True))
+        assert _SECRET_HINT.search(json.dumps({text: [text]}, ensure_ascii=True))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_SECRET_TEXT)
+def test_redaction_is_idempotent_and_never_raises(text):
+    once = redact_secrets(text)
+    assert redact_secrets(once) == once
+    tree = {text: [text, {text + "x": text}], "[REDACTED]": text, "k": {"hf_" + "a" * 20: 1, text: 2}}
+    redacted = _redact_tree(tree)
+    assert _redact_tree(redacted) == redacted
+    assert _size(redacted) == _size(tree)  # no key collapsed into another: no value lost
+
+
+def _size(tree):
+    """Number of entries and items in a JSON tree, at every depth."""
+    if isinstance(tree, dict):
+        return len(tree) + sum(_size(item) for item in tree.values())
+    if isinstance(tree, list):
+        return len(tree) + sum(_size(item) for item in tree)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_redaction_of_any_text_is_idempotent(text):
+    once = redact_secrets(text)
+    assert redact_secrets(once) == once
 
 
 # ------------------------------------------------------------------------------------------------

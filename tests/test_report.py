@@ -346,3 +346,129 @@ def test_cli_report_matplotlib_missing_is_an_error_with_the_install_hint(monkeyp
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["report", path, "-o", str(tmp_path / "a.png")]) == 2
     assert "pip install 'loopguard[plot]'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ hostile names
+
+# Everything the record validation lets through can reach the report: names (mode, signals) and
+# explanations may hold any character but the null byte, so markup, mathtext and terminal controls too.
+CONTROLS = re.compile(
+    r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+HOSTILE_MODE = '<script>alert("m&m\'s")</script>'
+HOSTILE_SIGNALS = {
+    "$x^$": 0.9,  # a mathtext parse error when drawn as math
+    "a$b$c": 0.8,  # drawn as "a", math b, "c" when parsed
+    "<b>\"q\"&'s'</b>": 0.7,
+    "_hidden": 0.6,  # matplotlib leaves "_"-labels out of a legend
+    "\x1b[31mred\x1b[0m\r\u202eevil\x9b": 0.5,
+    "tab\there\nnewline": 0.4,
+}
+HOSTILE_WHY = "step 5: HACK <script>alert('x')</script> & \"quotes\" \x1b[2J\rgone\x07 $x^$ \u2028next"
+
+
+def _hostile_records():
+    quiet = dict.fromkeys(HOSTILE_SIGNALS, 0.01)
+    records = [_record(s, mode=HOSTILE_MODE, signals=quiet) for s in range(1, 5)]
+    hack = {"mode": HOSTILE_MODE, "signals": HOSTILE_SIGNALS}
+    records.append(_record(5, "HACK", 0.9, "raise_beta", 0.04, 0.06, why=HOSTILE_WHY, **hack))
+    failed = {"adapter": {"rollback_error": "OSError: \x1b]0;pwned\x07 <i>&</i>"}}
+    records.append(_record(6, "HACK", 0.9, "rollback", 0.06, 0.06, mode=HOSTILE_MODE, extra=failed))
+    return records
+
+
+def test_summary_escapes_terminal_controls_visibly():
+    records = _hostile_records()
+    summary = summarize(records)
+    assert not CONTROLS.search(summary)
+    lines = summary.split("\n")
+    assert len(lines) == 7  # no name or explanation adds a line
+    assert "\t" not in summary
+    assert lines[0].startswith(f"Mitigation log: 6 steps observed (steps 1-6), mode {HOSTILE_MODE}, ")
+    assert "$x^$ 0.90, a$b$c 0.80, <b>\"q\"&'s'</b> 0.70." in lines[2]
+    assert "  - asked to roll back at step 6 (it failed: OSError: \\x1b]0;pwned\\x07 <i>&</i>)" in lines
+    # the first-HACK explanation, used when there are no scores, is escaped as well
+    only_why = [_record(1, "HACK", 0.9, signals={}, why="a\x1b[31mb\r\nc\u202ed.")]
+    assert "At the first HACK: a\\x1b[31mb\\r\\nc\\u202ed." in summarize(only_why)
+    modes = summarize([_record(1, mode="tab\tline\nbreak\x85")])
+    assert "mode tab\\tline\\nbreak\\x85," in modes
+    assert not CONTROLS.search(modes)
+    assert "\t" not in modes
+    assert modes.count("\n") == 2
+
+
+def test_cli_report_prints_no_raw_controls(tmp_path, capsys):
+    path = _write(tmp_path / "log.jsonl", _hostile_records())
+    assert main(["report", path]) == 0
+    out = capsys.readouterr().out
+    assert not CONTROLS.search(out)
+    assert "(it failed: OSError: \\x1b]0;pwned\\x07 <i>&</i>)" in out
+
+
+def test_render_report_draws_hostile_names_literally(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is part of the `plot` extra")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    from loopguard.report import _draw
+
+    records = _hostile_records()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no mathtext error, no missing-glyph warning for a control
+        png = tmp_path / "hostile.png"
+        assert render_report(records, png) == str(png)
+        assert png.read_bytes()[:8] == PNG_SIGNATURE
+
+        figure = Figure()
+        FigureCanvasAgg(figure)
+        title = summarize(records).split("\n", 1)[0]
+        _draw(figure, records, title)
+        figure.canvas.draw()
+    texts = [text for text in figure.findobj(Text) if text.get_text()]
+    legend_labels = {
+        text.get_text() for ax in figure.axes if ax.get_legend() for text in ax.get_legend().get_texts()
+    }
+    shown = {
+        "$x^$",
+        "a$b$c",
+        "<b>\"q\"&'s'</b>",
+        "_hidden",
+        "\\x1b[31mred\\x1b[0m\\r\\u202eevil\\x9b",
+        "tab\\there\\nnewline",
+    }
+    assert shown <= legend_labels  # every signal is in the legend, "_hidden" included, escaped as printed
+    assert figure.get_suptitle() == title
+    for text in texts:
+        if "$" in text.get_text():
+            assert not text.get_parse_math(), text.get_text()
+            assert not text.get_usetex(), text.get_text()
+        assert not CONTROLS.search(text.get_text())
+
+
+def test_render_report_html_escapes_every_string_from_the_log(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is part of the `plot` extra")
+    records = _hostile_records()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        page = pathlib.Path(render_report(records, tmp_path / "hostile.html"))
+    text = page.read_text(encoding="utf-8")
+    assert not CONTROLS.search(text)
+    # only the page's own markup: every tag is one the report writes
+    tags = set(re.findall(r"</?([A-Za-z!][A-Za-z0-9]*)", text))
+    page_tags = "!DOCTYPE html head meta title style body h1 h2 pre img table tr th td p"
+    assert tags <= set(page_tags.split())
+    for markup in ("<script", "<b>", "<i>"):
+        assert markup not in text
+    escaped_mode = html.escape(HOSTILE_MODE)
+    assert escaped_mode == "&lt;script&gt;alert(&quot;m&amp;m&#x27;s&quot;)&lt;/script&gt;"
+    title = re.search(r"<title>(.*)</title>", text).group(1)
+    assert escaped_mode in title
+    assert f"mode {escaped_mode}," in re.search(r"<pre>(.*)</pre>", text, re.DOTALL).group(1)
+    cells = re.findall(r"<td>(.*?)</td>", text, re.DOTALL)
+    shown_why = "step 5: HACK <script>alert('x')</script> & \"quotes\" \\x1b[2J\\rgone\\x07 $x^$ \\u2028next"
+    assert html.escape(shown_why) in cells
+    assert html.escape("<b>\"q\"&'s'</b>") in text
+    alt = re.search(r'<img alt="([^"]*)"', text).group(1)
+    assert "<" not in alt
+    assert "&" not in alt.replace("&amp;", "")
