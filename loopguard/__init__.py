@@ -38,6 +38,7 @@ from loopguard.detectors import (
 )
 from loopguard.exceptions import (
     CheckpointError,
+    CheckpointWriteError,
     ConfigError,
     InputError,
     LoopguardError,
@@ -64,6 +65,7 @@ __all__ = [
     "BangBang",
     "CheckpointError",
     "CheckpointManager",
+    "CheckpointWriteError",
     "Collapse",
     "ConfigError",
     "Decision",

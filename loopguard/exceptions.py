@@ -15,6 +15,7 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "CheckpointWriteError",
     "ConfigError",
     "InputError",
     "LoopguardError",
@@ -60,3 +61,23 @@ class CheckpointError(InputError):
     Subclasses :class:`InputError` (a ``ValueError``). The message names the checkpoint
     file and what is wrong with it; whenever it is raised by ``restore``, nothing live was modified.
     """
+
+
+class CheckpointWriteError(LoopguardError, OSError):
+    """Writing to a checkpoint store failed at the disk: full, over quota, file too large, or an I/O error.
+
+    Subclasses :class:`OSError` (``except OSError`` keeps working) with the failing call's ``errno``
+    (``errno.ENOSPC`` for a full disk, ``errno.EFBIG`` over a file-size limit) and ``filename`` (the path
+    that could not be written). The message says what was not written and that the store is unchanged:
+    earlier checkpoints and ``good.json`` stay intact, and a later save succeeds once space is back.
+
+    Example:
+        >>> import errno
+        >>> error = CheckpointWriteError(errno.ENOSPC, "could not write /store/good.json", "/store/good.json")
+        >>> isinstance(error, OSError), error.errno == errno.ENOSPC, str(error)
+        (True, True, 'could not write /store/good.json')
+    """
+
+    def __str__(self) -> str:
+        """The message alone (``OSError`` would prefix the errno and append the file name)."""
+        return str(self.strerror)

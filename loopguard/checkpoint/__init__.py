@@ -40,7 +40,7 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
     _msg = "CheckpointManager needs the `hf` extra: pip install 'loopguard[hf]'"
     raise MissingDependencyError(_msg) from _error
 
-from loopguard.checkpoint._io import CheckpointError
+from loopguard.checkpoint._io import CheckpointError, CheckpointWriteError
 from loopguard.checkpoint._manager import (
     FORMAT_VERSION,
     CheckpointManager,
@@ -48,4 +48,11 @@ from loopguard.checkpoint._manager import (
     steps_to_keep,
 )
 
-__all__ = ["FORMAT_VERSION", "CheckpointError", "CheckpointManager", "RestoredCheckpoint", "steps_to_keep"]
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "CheckpointManager",
+    "CheckpointWriteError",
+    "RestoredCheckpoint",
+    "steps_to_keep",
+]

@@ -47,11 +47,14 @@ import safetensors
 import safetensors.torch
 import torch
 
+from loopguard._run import RUN_ID_PATTERN, check_run_id
 from loopguard._validation import check_bool, check_choice, check_int, check_path, describe
 from loopguard.checkpoint._io import (
     CheckpointError,
+    disk_error,
     entry_kind,
     fsync_dir,
+    load_json,
     locked,
     open_child_dir,
     open_root,
@@ -88,6 +91,8 @@ FORMAT_VERSION = 1
 INDEX_FORMAT = "loopguard-good-index"
 MANIFEST = "manifest.json"
 INDEX = "good.json"
+RUN_INDEX = "run.json"
+RUN_FORMAT = "loopguard-store-run"
 MAX_STEP = 10**15
 MAX_MANIFEST_BYTES = 16 * 2**20
 MAX_JSON_FILE_BYTES = 256 * 2**20
@@ -96,7 +101,7 @@ _POSIX = os.name == "posix" and {os.open, os.stat, os.rename, os.mkdir, os.unlin
 _STEP = re.compile(r"step-(\d{8,})")
 _TEMP = re.compile(r"\.tmp-step-\d{8,}-[0-9a-f]{16}")
 _DELETING = re.compile(r"\.del-step-\d{8,}-[0-9a-f]{16}")
-_TEMP_INDEX = re.compile(r"\.tmp-good-[0-9a-f]{16}")
+_TEMP_INDEX = re.compile(r"\.tmp-(?:good|run)-[0-9a-f]{16}")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 # Which files each part of a checkpoint occupies; a manifest may list no other names.
@@ -242,6 +247,10 @@ class CheckpointManager:
         LoopguardTypeError: ``keep_last`` or ``in_memory`` of the wrong type (``True`` for a count).
         ConfigError: ``keep_last < 1``; ``directory`` missing (or given with ``in_memory=True``), not a
             directory, or not creatable; an on-disk store on a system without POSIX file semantics.
+        CheckpointError: the store's ``.lock`` is a symlink, directory, FIFO, socket or device (the
+            message names it: remove it). Every method that locks the store (``save``, ``mark_good``,
+            ``restore``, ``verify``) raises the same; and every on-disk method raises it when the store's
+            directory has gone or is no longer a directory.
 
     Example:
         >>> import torch
@@ -271,7 +280,9 @@ class CheckpointManager:
         self._keep_last = None if keep_last is None else check_int("keep_last", keep_last, lo=1)
         self._memory: dict[int, Snapshot] = {}
         self._memory_good: set[int] = set()
+        self._memory_runs: dict[int, str | None] = {}
         self._root: str | None = None
+        self._run: str | None = None
         if self._in_memory:
             if directory is not None:
                 msg = (
@@ -299,7 +310,7 @@ class CheckpointManager:
             msg = f"`directory` must be a directory that can be created, got {describe(root)} ({error})."
             raise ConfigError(msg) from None
         self._root = root
-        with self._open() as root_fd, locked(root_fd):
+        with self._open() as root_fd, locked(root_fd, root):
             self._cleanup(root_fd)
 
     def __repr__(self) -> str:
@@ -331,7 +342,11 @@ class CheckpointManager:
             return tuple(self._scan(root_fd))
 
     def good_steps(self) -> tuple[int, ...]:
-        """The steps of the checkpoints marked good, oldest first."""
+        """The steps of the checkpoints marked good, oldest first.
+
+        Raises:
+            CheckpointError: ``good.json`` is malformed or not a regular file (as :meth:`mark_good`).
+        """
         if self._in_memory:
             return tuple(sorted(self._memory_good & set(self._memory)))
         with self._open() as root_fd:
@@ -368,13 +383,18 @@ class CheckpointManager:
         Raises:
             LoopguardTypeError: ``step`` is not an int.
             ConfigError: no complete checkpoint has this step.
+            CheckpointError: ``good.json`` is malformed (or nested too deeply), or is not a regular file
+                (a symlink, FIFO, socket, device or directory: refused at once); ``.lock`` is not a
+                regular file.
+            CheckpointWriteError: the disk failed while ``good.json`` was replaced (full, quota, file
+                size limit, I/O error); an ``OSError`` with the errno. ``good.json`` is unchanged.
         """
         step = _check_step("step", step)
         if self._in_memory:
             self._require_saved(step, self._memory)
             self._memory_good.add(step)
             return
-        with self._open() as root_fd, locked(root_fd):
+        with self._open() as root_fd, locked(root_fd, self._disk_root()):
             steps = self._scan(root_fd)
             self._require_saved(step, steps)
             good = self._read_good(root_fd) & set(steps)
@@ -426,7 +446,12 @@ class CheckpointManager:
                 it, e.g. ``optimizer.state_dict()['param_groups'][0]['fn']``).
             ConfigError: ``step`` negative or not greater than the newest saved step; a non-finite float in
                 JSON; ``ref_model is model``.
-            OSError: the disk failed (full, read-only); earlier checkpoints are untouched.
+            CheckpointWriteError: the disk failed (full, over quota, over a file-size limit, read-only, an
+                I/O error), whatever ``torch.save`` made of the failed write; an ``OSError`` that keeps the
+                errno (``errno.ENOSPC`` for a full disk) and names the file. Nothing of this step is left
+                behind, earlier checkpoints and ``good.json`` are untouched, and the same save succeeds
+                once space is back.
+            CheckpointError: ``.lock`` or ``good.json`` is not a regular file (see :meth:`mark_good`).
         """
         step = _check_step("step", step)
         rng = check_bool("rng", rng)
@@ -462,6 +487,7 @@ class CheckpointManager:
 
     def _save_memory(self, snapshot: Snapshot) -> None:
         self._require_newer(snapshot.step, self._memory)
+        self._memory_runs[snapshot.step] = self._run
         self._memory[snapshot.step] = Snapshot(
             step=snapshot.step,
             created=snapshot.created,
@@ -481,7 +507,7 @@ class CheckpointManager:
     def _save_disk(self, snapshot: Snapshot) -> Path:
         root = self._disk_root()
         final = _step_name(snapshot.step)
-        with self._open() as root_fd, locked(root_fd):
+        with self._open() as root_fd, locked(root_fd, root):
             self._cleanup(root_fd)
             steps = self._scan(root_fd)
             self._require_newer(snapshot.step, steps)
@@ -492,20 +518,27 @@ class CheckpointManager:
                 )
                 raise ConfigError(msg)
             temp = f".tmp-{final}-{random_suffix()}"
-            os.mkdir(temp, 0o755, dir_fd=root_fd)
+            temp_path = os.path.join(root, temp)
             try:
+                os.mkdir(temp, 0o755, dir_fd=root_fd)
                 temp_fd = open_child_dir(temp, root_fd)
                 try:
-                    files = _write_parts(temp_fd, snapshot)
-                    manifest = _dumps(_manifest(snapshot, files), indent=2)
-                    write_file(temp_fd, MANIFEST, lambda writer: _write_bytes(writer, manifest))
+                    files = _write_parts(temp_fd, snapshot, temp_path)
+                    manifest = _dumps(_manifest(snapshot, files, self._run), indent=2)
+                    write_file(temp_fd, MANIFEST, lambda writer: _write_bytes(writer, manifest), temp_path)
                     fsync_dir(temp_fd)
                 finally:
                     os.close(temp_fd)
                 rename(temp, final, root_fd)
-            except BaseException:
+            except BaseException as error:
                 with contextlib.suppress(OSError):  # the next save or construction retries the clean-up
                     remove_tree(temp, root_fd)
+                if isinstance(error, OSError):  # a full disk, a quota, an I/O error: errno kept
+                    outcome = (
+                        f"step {snapshot.step} was not saved and the store is unchanged (earlier checkpoints "
+                        f"and {INDEX} are intact); free space (or fix the disk) and save again"
+                    )
+                    raise disk_error(error, root, outcome) from error
                 raise
             try:
                 self._prune(root_fd, [*steps, snapshot.step])
@@ -564,6 +597,10 @@ class CheckpointManager:
         Raises:
             CheckpointError: tampered, truncated, missing or symlinked files, a malformed manifest, no good
                 checkpoint (before ``before_step``), or saved state that does not fit the live objects.
+                Also, at once and without blocking: a FIFO, socket, device or directory in place of any
+                file read (``good.json``, ``manifest.json``, a checkpoint file) or of ``.lock``; a size in
+                the manifest that differs from the file's (``2**49`` is refused before anything is
+                allocated) or a sparse file too large to be genuine; JSON nested more than 100 levels deep.
             ConfigError: an unknown step, or ``before_step`` without ``step="last_good"``.
             LoopguardTypeError: arguments of the wrong type.
         """
@@ -585,6 +622,7 @@ class CheckpointManager:
         if self._in_memory:
             target = self._resolve(step, before_step, self._memory, self._memory_good)
             snapshot = self._memory[target]
+            self._require_own(f"in-memory checkpoint of step {target}", self._memory_runs.get(target))
             _require_parts(f"in-memory checkpoint of step {target}", snapshot, wanted)
             apply_snapshot(
                 f"in-memory checkpoint of step {target}",
@@ -605,7 +643,7 @@ class CheckpointManager:
             return RestoredCheckpoint(
                 target, None, target in self._memory_good, snapshot.created, extra, rollout
             )
-        with self._open() as root_fd, locked(root_fd):
+        with self._open() as root_fd, locked(root_fd, self._disk_root()):
             steps = self._scan(root_fd)
             good = self._read_good(root_fd) & set(steps)
             target = self._resolve(step, before_step, steps, good)
@@ -628,7 +666,7 @@ class CheckpointManager:
                         self._write_good(root_fd, good - set(newer))  # unmark first: the critical part
                     for other in newer:
                         self._delete(root_fd, other)
-                except OSError as error:  # the restore itself succeeded: report, do not undo it
+                except (OSError, CheckpointError) as error:  # the restore succeeded: report, do not undo it
                     warnings.warn(
                         f"restored {where}, but discarding the newer checkpoints {newer} failed: {error}",
                         RuntimeWarning,
@@ -643,16 +681,145 @@ class CheckpointManager:
         """Check a checkpoint completely without loading it into anything (as :meth:`restore` would).
 
         Raises:
-            CheckpointError: the same integrity failures :meth:`restore` reports.
+            CheckpointError: the same integrity and hostile-entry failures :meth:`restore` reports.
             ConfigError: an unknown step.
         """
         if self._in_memory:
             self._resolve(step, None, self._memory, self._memory_good)
             return
-        with self._open() as root_fd, locked(root_fd):
+        with self._open() as root_fd, locked(root_fd, self._disk_root()):
             steps = self._scan(root_fd)
             target = self._resolve(step, None, steps, self._read_good(root_fd) & set(steps))
             self._load(root_fd, target, None)
+
+    # ------------------------------------------------------------------------------------ run identity
+
+    @property
+    def run(self) -> str | None:
+        """The identity of the run this manager works for (:meth:`claim`), or ``None`` when unclaimed."""
+        return self._run
+
+    def claim(self, run: str, *, create: bool = True) -> None:
+        """Bind this store to one run, so that it never restores weights another run saved.
+
+        On disk the claim is ``run.json`` in the store (written atomically under the store's lock). A store
+        with no claim and no checkpoint is claimed; one already claimed by ``run`` (a resumed run) is
+        accepted; one claimed by another run, or holding checkpoints saved without a claim, is refused. Once
+        claimed, every checkpoint saved records ``run`` in its manifest, a save refuses a store whose claim
+        changed meanwhile, and :meth:`restore` / :meth:`verify` refuse a checkpoint of another run. An
+        in-memory manager keeps the claim in the process: it may be claimed again by another run only while
+        it holds no checkpoint.
+
+        Args:
+            run: The run identity (see ``loopguard._run``: up to 64 letters, digits, ``.``, ``_``, ``-``).
+            create: Write the claim when the store has none (the main process); ``False`` only checks that
+                the store is not another run's (other ranks of a data-parallel run).
+
+        Raises:
+            ConfigError: the store belongs to another run, or holds checkpoints of an unnamed run (the
+                message names the directory and the two ways out), or ``run`` is malformed.
+            CheckpointError: ``run.json`` is malformed, a symlink or not a regular file.
+            CheckpointWriteError: the claim cannot be written.
+        """
+        run = check_run_id("run", run)
+        create = check_bool("create", create)
+        if self._in_memory:
+            others = {self._memory_runs.get(step) for step in self._memory} - {run}
+            if others:
+                owner = next(iter(others))
+                raise ConfigError(self._foreign(owner or "no run identity", run, "this in-memory store"))
+            self._run = run
+            return
+        root = self._disk_root()
+        with self._open() as root_fd, locked(root_fd, root):
+            owner = self._read_run(root_fd)
+            if owner is None:
+                steps = self._scan(root_fd)
+                if steps:
+                    msg = (
+                        f"`directory` {root} holds checkpoints (steps {_show_steps(steps)}) saved without a "
+                        f"run identity (by a hand-written loop or an older loopguard), so run {run} cannot "
+                        "claim it: loopguard never restores weights another run saved. Give this run a store "
+                        f"of its own (another directory), or move or delete the checkpoints in {root}."
+                    )
+                    raise ConfigError(msg)
+                if create:
+                    document = {"format": RUN_FORMAT, "format_version": FORMAT_VERSION, "run": run}
+                    write_small_atomic(root_fd, RUN_INDEX, _dumps(document), ".tmp-run-", root)
+            elif owner != run:
+                raise ConfigError(self._foreign(owner, run, f"`directory` {root}"))
+        self._run = run
+
+    @staticmethod
+    def _foreign(owner: str, run: str, where: str) -> str:
+        return (
+            f"{where} holds the rollback checkpoints of another run ({owner}), not of this run ({run}): "
+            "loopguard never restores another run's weights. Either resume that run (for a Trainer, "
+            "trainer.train(resume_from_checkpoint=...) from one of its checkpoints keeps its identity), or "
+            "give this run a store of its own (another directory, or delete the old store if its "
+            "checkpoints are no longer needed)."
+        )
+
+    def _read_run(self, root_fd: int) -> str | None:
+        if entry_kind(RUN_INDEX, root_fd) is None:
+            return None
+        where = os.path.join(self._disk_root(), RUN_INDEX)
+        data = read_small(root_fd, RUN_INDEX, MAX_MANIFEST_BYTES, where)
+        try:
+            document = load_json(data)
+        except ValueError:
+            document = None
+        run = document.get("run") if isinstance(document, dict) else None
+        valid = (
+            isinstance(document, dict)
+            and document.get("format") == RUN_FORMAT
+            and document.get("format_version") == FORMAT_VERSION
+            and isinstance(run, str)
+            and RUN_ID_PATTERN.fullmatch(run) is not None
+        )
+        if not valid:
+            msg = f"{where} is malformed; it names the run that owns this store (restore it, or use another)."
+            raise CheckpointError(msg)
+        return cast(str, run)
+
+    def _require_own(self, where: str, run: object) -> None:
+        """Refuse a checkpoint that another run saved, once this manager is claimed."""
+        if self._run is not None and run != self._run:
+            saver = "no run identity" if run is None else f"run {run}"
+            msg = (
+                f"{where} was saved by {saver}, not by this run ({self._run}): refusing to load another "
+                "run's weights; nothing was restored."
+            )
+            raise CheckpointError(msg)
+
+    def discard_after(self, step: int) -> list[int]:
+        """Delete every checkpoint saved after ``step`` (their good marks first); return their steps.
+
+        A run resumed from its checkpoint of ``step`` calls this: what it saved after ``step`` belongs to
+        the abandoned timeline and must never become a rollback target, and the steps after ``step`` are
+        saved again.
+
+        Raises:
+            LoopguardTypeError, ConfigError: ``step`` is not an int >= 0.
+            CheckpointWriteError, OSError: the store could not be changed (what was deleted stays deleted).
+        """
+        after = _check_step("step", step)
+        if self._in_memory:
+            newer = sorted(other for other in self._memory if other > after)
+            for other in newer:
+                del self._memory[other]
+                self._memory_good.discard(other)
+                self._memory_runs.pop(other, None)
+            return newer
+        with self._open() as root_fd, locked(root_fd, self._disk_root()):
+            steps = self._scan(root_fd)
+            newer = [other for other in steps if other > after]
+            good = self._read_good(root_fd) & set(steps)
+            if good & set(newer):
+                self._write_good(root_fd, good - set(newer))  # unmark first: the critical part
+            for other in newer:
+                self._delete(root_fd, other)
+        return newer
 
     # ------------------------------------------------------------------------------------ internals
 
@@ -742,7 +909,7 @@ class CheckpointManager:
             if _TEMP.fullmatch(name) or _DELETING.fullmatch(name) or _TEMP_INDEX.fullmatch(name):
                 try:
                     self._remove_entry(root_fd, name)
-                except OSError as error:  # e.g. a read-only store: leftovers are never listed anyway
+                except (OSError, CheckpointError) as error:  # e.g. read-only: leftovers are never listed
                     warnings.warn(
                         f"could not remove {os.path.join(self._disk_root(), name)}: {error}",
                         RuntimeWarning,
@@ -784,7 +951,7 @@ class CheckpointManager:
         where = self._index_path()
         data = read_small(root_fd, INDEX, MAX_MANIFEST_BYTES, where)
         try:
-            document = json.loads(data)
+            document = load_json(data)
             good = document["good"] if isinstance(document, dict) else None
             valid = (
                 isinstance(document, dict)
@@ -802,7 +969,7 @@ class CheckpointManager:
 
     def _write_good(self, root_fd: int, good: Collection[int]) -> None:
         document = {"format": INDEX_FORMAT, "format_version": FORMAT_VERSION, "good": sorted(good)}
-        write_small_atomic(root_fd, INDEX, _dumps(document), ".tmp-good-")
+        write_small_atomic(root_fd, INDEX, _dumps(document), ".tmp-good-", self._disk_root())
 
     def _load(self, root_fd: int, step: int, wanted: Mapping[str, bool] | None) -> Snapshot:
         """Read, verify and decode one checkpoint (``wanted=None``: decode every part, as :meth:`verify`)."""
@@ -830,6 +997,7 @@ class CheckpointManager:
             manifest = _parse_manifest(
                 read_small(dir_fd, MANIFEST, MAX_MANIFEST_BYTES, manifest_where), step, manifest_where
             )
+            self._require_own(f"checkpoint {where}", manifest.get("run"))
             contents, files = manifest["contents"], manifest["files"]
             if wanted is not None:
                 for part, asked in wanted.items():
@@ -913,40 +1081,41 @@ def _write_bytes(writer: Any, data: bytes) -> None:
     writer.write(data)
 
 
-def _write_parts(dir_fd: int, snapshot: Snapshot) -> dict[str, dict[str, Any]]:
+def _write_parts(dir_fd: int, snapshot: Snapshot, where: str) -> dict[str, dict[str, Any]]:
     files: dict[str, dict[str, Any]] = {}
 
     def torch_file(name: str, state: Any) -> None:
-        files[name] = write_file(dir_fd, name, lambda writer: torch.save(state, cast(IO[bytes], writer)))
+        files[name] = write_file(
+            dir_fd, name, lambda writer: torch.save(state, cast(IO[bytes], writer)), where
+        )
 
     def json_file(name: str, value: Any) -> None:
         data = _dumps(value)
-        files[name] = write_file(dir_fd, name, lambda writer: _write_bytes(writer, data))
+        files[name] = write_file(dir_fd, name, lambda writer: _write_bytes(writer, data), where)
 
-    files["model.safetensors"] = write_safetensors(dir_fd, "model.safetensors", snapshot.model.tensors)
+    def tensor_file(name: str, tensors: Mapping[str, torch.Tensor]) -> None:
+        files[name] = write_safetensors(dir_fd, name, tensors, where=where)
+
+    tensor_file("model.safetensors", snapshot.model.tensors)
     if snapshot.ref_model is not None:
-        files["ref_model.safetensors"] = write_safetensors(
-            dir_fd, "ref_model.safetensors", snapshot.ref_model.tensors
-        )
+        tensor_file("ref_model.safetensors", snapshot.ref_model.tensors)
     if snapshot.optimizer is not None:
         torch_file("optimizer.pt", snapshot.optimizer.state)
     if snapshot.scheduler is not None:
         torch_file("scheduler.pt", snapshot.scheduler.state)
     if snapshot.rng is not None:
         json_file("rng.json", snapshot.rng.to_json())
-        files["rng.safetensors"] = write_safetensors(dir_fd, "rng.safetensors", snapshot.rng.tensors())
+        tensor_file("rng.safetensors", snapshot.rng.tensors())
     if snapshot.rollout is not None:
         rollout = snapshot.rollout
-        files["rollout_buffer.safetensors"] = write_safetensors(
-            dir_fd, "rollout_buffer.safetensors", rollout.tensors
-        )
+        tensor_file("rollout_buffer.safetensors", rollout.tensors)
         json_file("rollout_buffer.json", {"order": list(rollout.order), "metadata": rollout.metadata})
     if snapshot.extra_state is not None:
         json_file("extra_state.json", snapshot.extra_state)
     return files
 
 
-def _manifest(snapshot: Snapshot, files: Mapping[str, Any]) -> dict[str, Any]:
+def _manifest(snapshot: Snapshot, files: Mapping[str, Any], run: str | None) -> dict[str, Any]:
     def torch_record(value: TorchState | None) -> dict[str, Any] | None:
         return None if value is None else {"class": value.class_name}
 
@@ -954,6 +1123,7 @@ def _manifest(snapshot: Snapshot, files: Mapping[str, Any]) -> dict[str, Any]:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "step": snapshot.step,
+        "run": run,
         "created": snapshot.created,
         "versions": _versions(),
         "contents": {
@@ -990,7 +1160,7 @@ def _check_module_record(where: str, part: str, record: object) -> None:
 def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
     """Parse and validate ``manifest.json``: format, step, known file names only, hashes, sizes, contents."""
     try:
-        manifest = json.loads(data, parse_constant=_reject_constant)
+        manifest = load_json(data)
     except ValueError as error:
         raise _fail(where, f"is not valid JSON ({error})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -1000,6 +1170,9 @@ def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
         raise _fail(where, f"has format_version {format_version!r}; this loopguard reads {FORMAT_VERSION}")
     if manifest.get("step") != step or type(manifest.get("step")) is not int:
         raise _fail(where, f"records step {manifest.get('step')!r}, but its directory is step {step}")
+    run = manifest.get("run")
+    if run is not None and (not isinstance(run, str) or RUN_ID_PATTERN.fullmatch(run) is None):
+        raise _fail(where, f"records a malformed run identity {describe(run)}")
     files, contents = manifest.get("files"), manifest.get("contents")
     if not isinstance(files, dict) or not isinstance(contents, dict) or set(contents) != set(_PART_FILES):
         raise _fail(where, "lacks a valid 'files' or 'contents' section")
@@ -1037,11 +1210,6 @@ def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
     return manifest
 
 
-def _reject_constant(name: str) -> Any:
-    msg = f"{name} is not JSON"
-    raise ValueError(msg)
-
-
 def _safetensors(where: str, name: str, data: bytes) -> dict[str, torch.Tensor]:
     try:
         return safetensors.torch.load(data)
@@ -1065,7 +1233,7 @@ def _torch_state(where: str, name: str, data: bytes) -> Any:
 
 def _json_file(where: str, name: str, data: bytes) -> Any:
     try:
-        return json.loads(data, parse_constant=_reject_constant)
+        return load_json(data)
     except ValueError as error:
         msg = (
             f"checkpoint file {os.path.join(where, name)} is not valid JSON ({error}); nothing was restored."

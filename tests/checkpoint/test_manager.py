@@ -35,10 +35,12 @@ def test_public_names():
         "FORMAT_VERSION",
         "CheckpointError",
         "CheckpointManager",
+        "CheckpointWriteError",
         "RestoredCheckpoint",
         "steps_to_keep",
     ]
     assert issubclass(CheckpointError, ValueError)
+    assert issubclass(checkpoint.CheckpointWriteError, OSError)
 
 
 # ------------------------------------------------------------------------------------------- arguments
