@@ -59,6 +59,7 @@ __all__ = [
     "MAX_TOKENS_PER_TRAJECTORY",
     "MAX_TRAJECTORIES",
     "as_float_array",
+    "as_group_sizes",
     "as_int_array",
     "boolean",
     "check_bool",
@@ -75,6 +76,7 @@ __all__ = [
     "one_of",
     "path_string",
     "real",
+    "scalar_value",
     "to_numpy",
 ]
 
@@ -88,6 +90,8 @@ MAX_NAME_LENGTH = 64
 MAX_PATH_LENGTH = 4096
 
 _REPR_LIMIT = 80
+_INT64_MIN = int(np.iinfo(np.int64).min)
+_INT64_MAX = int(np.iinfo(np.int64).max)
 
 AttrsValidator = Callable[[Any, Any, Any], None]
 
@@ -389,33 +393,151 @@ def path_string(*, optional: bool = False) -> AttrsValidator:
 # arrays
 
 
-def to_numpy(name: str, value: object) -> NDArray[Any]:
-    """Convert an array-like (including CPU/GPU torch tensors, without importing torch) to numpy.
+def _is_tensor(value: object) -> bool:
+    """Whether ``value`` is a torch tensor, detected by duck typing (torch is never imported here)."""
+    return hasattr(value, "detach") and hasattr(value, "cpu") and hasattr(value, "numpy")
 
-    Raises:
-        LoopguardTypeError: ``value`` is a scalar bool, a string, bytes or ``None``.
-        InputError: ``value`` is a ragged nested list.
+
+def _tensor_to_numpy(name: str, tensor: Any) -> NDArray[Any]:
+    """Copy a tensor on any real device to numpy; refuse tensors that hold no readable data.
+
+    Half-precision floats (``bfloat16``, ``float16``, ``float8``) are widened to ``float32`` first: numpy has
+    no bfloat16. Gradients, strides and conjugate/negative views are resolved here, so callers can pass what a
+    trainer computed as is.
     """
-    if isinstance(value, (bool, np.bool_, str, bytes)) or value is None:
-        msg = f"`{name}` must be an array of numbers, got {describe(value)} of type {type(value).__name__}."
-        raise LoopguardTypeError(msg)
-    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor, detected by duck typing
-        tensor = value.detach().cpu()
-        if str(tensor.dtype) in ("torch.bfloat16", "torch.float16"):
-            tensor = tensor.float()
-        value = tensor.numpy()
+    if getattr(tensor, "is_meta", False):
+        msg = (
+            f"`{name}` is on the meta device (it holds no data, only a shape), got a tensor of shape "
+            f"{tuple(tensor.shape)} on 'meta'; pass a tensor with values (on CPU or an accelerator)."
+        )
+        raise InputError(msg)
+    layout = str(getattr(tensor, "layout", "torch.strided"))
+    if layout != "torch.strided" or getattr(tensor, "is_nested", False):
+        kind = "nested" if getattr(tensor, "is_nested", False) else layout
+        msg = f"`{name}` must be a dense (strided) tensor, got a {kind} tensor; convert it with .to_dense()."
+        raise InputError(msg)
     try:
-        return np.asarray(value)
-    except (ValueError, TypeError) as error:  # ragged nested lists
-        msg = f"`{name}` must be a rectangular array of numbers, got {describe(value)} ({error})."
+        plain = tensor.detach().cpu()
+        if plain.is_floating_point() and plain.element_size() < 4:
+            plain = plain.float()
+        plain = plain.resolve_conj().resolve_neg()
+        return np.asarray(plain.numpy())
+    except TypeError as error:  # a dtype numpy cannot hold (complex32, quantized, ...)
+        dtype = getattr(tensor, "dtype", "?")
+        msg = f"`{name}` must be a tensor of real numbers, got dtype {dtype} ({error})."
+        raise LoopguardTypeError(msg) from error
+    except (RuntimeError, ValueError, NotImplementedError) as error:  # no readable data (fake tensors, ...)
+        msg = f"`{name}` could not be copied out of its tensor ({type(error).__name__}: {error})."
         raise InputError(msg) from error
 
 
+def _unmasked(name: str, value: np.ma.MaskedArray[Any, Any]) -> NDArray[Any]:
+    """The data of a masked array with no masked element; a masked element is refused, never guessed."""
+    mask = np.ma.getmaskarray(value)
+    if mask.any():
+        first = tuple(int(i) for i in np.argwhere(mask)[0])
+        msg = (
+            f"`{name}` must have no masked elements (loopguard does not guess what a masked value means), "
+            f"got a masked array with {int(mask.sum()):,} masked of {mask.size:,} (first at index {first}); "
+            "drop them with .compressed() or fill them with .filled(value) first."
+        )
+        raise InputError(msg)
+    return np.asarray(np.ma.getdata(value))
+
+
+def _stack_items(name: str, value: list[Any] | tuple[Any, ...]) -> NDArray[Any]:
+    """Convert a list item by item (tensors, masked rows) so that an error names the item, then stack."""
+    parts = [to_numpy(f"{name}[{index}]", item) for index, item in enumerate(value)]
+    shapes = sorted({part.shape for part in parts})
+    if len(shapes) > 1:
+        msg = (
+            f"`{name}` must be a rectangular array of numbers, got items of different shapes "
+            f"{describe(shapes)}."
+        )
+        raise InputError(msg)
+    try:
+        return np.stack(parts)
+    except (ValueError, TypeError) as error:  # pragma: no cover - equal shapes always stack
+        msg = f"`{name}` must be a rectangular array of numbers ({error})."
+        raise InputError(msg) from error
+
+
+def to_numpy(name: str, value: object) -> NDArray[Any]:
+    """Convert an array-like (including CPU/GPU torch tensors, without importing torch) to numpy.
+
+    Masked arrays are accepted only when no element is masked (their data is used); a torch tensor on the
+    ``meta`` device, a sparse tensor or one whose data cannot be read is refused.
+
+    Raises:
+        LoopguardTypeError: ``value`` is a scalar bool, a string, bytes or ``None``, or a tensor of a dtype
+            numpy cannot hold.
+        InputError: ``value`` is a ragged nested list, a masked array with masked elements, or a tensor
+            with no readable data (meta device, sparse).
+
+    Example:
+        >>> import numpy as np
+        >>> to_numpy("rewards", np.ma.array([1.0, 2.0], mask=[False, True]))
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.InputError: `rewards` must have no masked elements (loopguard does not guess what a masked value means), got a masked array with 1 masked of 2 (first at index (1,)); drop them with .compressed() or fill them with .filled(value) first.
+    """  # noqa: E501
+    if isinstance(value, (bool, np.bool_, str, bytes)) or value is None:
+        msg = f"`{name}` must be an array of numbers, got {describe(value)} of type {type(value).__name__}."
+        raise LoopguardTypeError(msg)
+    items = value if isinstance(value, (list, tuple)) else None  # first: the common case, once per token row
+    if items is None:
+        if isinstance(value, np.ma.MaskedArray):
+            return _unmasked(name, value)
+        if isinstance(value, np.ndarray):
+            return np.asarray(value)
+        if _is_tensor(value):
+            return _tensor_to_numpy(name, value)
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError, RuntimeError, NotImplementedError, OverflowError) as error:
+        if items:  # e.g. a list of GPU / meta tensors: convert item by item, naming the bad one
+            return _stack_items(name, items)
+        msg = f"`{name}` must be a rectangular array of numbers, got {describe(value)} ({error})."
+        raise InputError(msg) from error
+    if items is not None and array.ndim >= 2 and any(isinstance(row, np.ma.MaskedArray) for row in items):
+        return _stack_items(name, items)  # np.asarray would drop the rows' masks
+    return array
+
+
+def _python_int_overflow(name: str, value: object, array: NDArray[Any], what: str) -> None:
+    """Explain a list of Python ints that numpy could not hold as int64 (it fell back to float64/object)."""
+    if array.dtype.kind not in "fO" or not isinstance(value, (list, tuple)):
+        return
+    try:
+        items = np.asarray(value, dtype=object)
+    except (ValueError, TypeError):
+        return
+    flat = items.reshape(-1).tolist()
+    if not flat or not all(
+        isinstance(item, numbers.Integral) and not isinstance(item, (bool, np.bool_)) for item in flat
+    ):
+        return
+    for index, item in enumerate(flat):
+        if not _INT64_MIN <= int(item) <= _INT64_MAX:
+            where = tuple(int(i) for i in np.unravel_index(index, items.shape))
+            msg = (
+                f"`{name}` must hold {what} that fit in int64 ([-2**63, 2**63 - 1]), "
+                f"got {int(item)} at index {where}."
+            )
+            raise InputError(msg)
+
+
 def _check_array_shape(
-    name: str, array: NDArray[Any], ndim: int, allow_empty: bool, max_len: int | None
+    name: str,
+    array: NDArray[Any],
+    ndim: int,
+    allow_empty: bool,
+    max_len: int | None,
+    shape: str | None = None,
 ) -> None:
     if array.ndim != ndim:
-        msg = f"`{name}` must be a {ndim}-D array, got shape {array.shape}."
+        shaped = f" shaped {shape}" if shape else ""
+        msg = f"`{name}` must be a {ndim}-D array{shaped}, got shape {array.shape}."
         raise InputError(msg)
     if array.size == 0 and not allow_empty:
         msg = f"`{name}` must not be empty, got shape {array.shape}."
@@ -423,6 +545,54 @@ def _check_array_shape(
     if max_len is not None and array.shape[0] > max_len:
         msg = f"`{name}` must have at most {max_len:,} rows (DoS cap), got {array.shape[0]:,}."
         raise InputError(msg)
+
+
+def _python_reals(name: str, array: NDArray[Any]) -> NDArray[Any]:
+    """Convert an object array built from a list of Python numbers to float64 (others are left as is)."""
+    flat = array.reshape(-1).tolist()
+    if not all(isinstance(item, numbers.Real) and not isinstance(item, (bool, np.bool_)) for item in flat):
+        return array
+    try:
+        return np.array(flat, dtype=np.float64).reshape(array.shape)
+    except OverflowError as error:  # an int beyond float64's range
+        msg = f"`{name}` must hold numbers representable in float64, got an integer beyond 1.8e308 ({error})."
+        raise InputError(msg) from error
+
+
+def scalar_value(name: str, value: object) -> object:
+    """Unwrap a 0-d or one-element numpy array or torch tensor into a Python number; pass anything else on.
+
+    A value a trainer logs as a tensor (``kl=torch.tensor(0.02)``, ``step=torch.tensor(7)``) is then checked
+    like a plain number by :func:`check_real` / :func:`check_int`.
+
+    Raises:
+        InputError: an array or tensor with more (or fewer) than one element, a masked element, or a tensor
+            with no data (meta device).
+
+    Example:
+        >>> import numpy as np
+        >>> scalar_value("kl", np.array([0.5]))
+        0.5
+        >>> scalar_value("kl", np.array([0.5, 0.25]))
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.InputError: `kl` must be a single number (a 0-d or one-element array or tensor), got shape (2,).
+    """  # noqa: E501
+    if isinstance(value, (numbers.Number, np.bool_, str, bytes)) or value is None:
+        return value
+    if isinstance(value, np.ndarray) or _is_tensor(value):
+        array = to_numpy(name, value)
+        shape: tuple[int, ...] = array.shape
+        item: Callable[[], object] = array.item  # a Python scalar, for an array of one element of any shape
+    elif hasattr(value, "item") and hasattr(value, "shape"):  # another array library (JAX, CuPy, ...)
+        shape = tuple(int(length) for length in value.shape)
+        item = value.item
+    else:
+        return value
+    if math.prod(shape) != 1:
+        msg = f"`{name}` must be a single number (a 0-d or one-element array or tensor), got shape {shape}."
+        raise InputError(msg)
+    return item()
 
 
 def as_float_array(
@@ -433,6 +603,7 @@ def as_float_array(
     allow_empty: bool = False,
     max_len: int | None = MAX_TRAJECTORIES,
     finite: bool = True,
+    shape: str | None = None,
 ) -> NDArray[np.float64]:
     """Convert an array-like of numbers to a float64 numpy array and validate it.
 
@@ -443,6 +614,7 @@ def as_float_array(
         allow_empty: Whether an array with no elements is acceptable.
         max_len: Cap on the length of the first axis (a DoS cap), or ``None``.
         finite: Reject NaN and +-Inf entries.
+        shape: How to describe the expected shape in an error message (e.g. ``"[K, B]"``), or ``None``.
 
     Returns:
         A float64 array (a copy only when conversion requires one).
@@ -463,10 +635,12 @@ def as_float_array(
     if array.dtype.kind == "b":
         msg = f"`{name}` must hold numbers, got booleans (convert with .astype(float) if intended)."
         raise LoopguardTypeError(msg)
+    if array.dtype.kind == "O" and isinstance(value, (list, tuple)):
+        array = _python_reals(name, array)  # e.g. floats mixed with ints beyond int64
     if array.dtype.kind not in "iuf":
         msg = f"`{name}` must hold real numbers, got dtype {array.dtype}."
         raise LoopguardTypeError(msg)
-    _check_array_shape(name, array, ndim, allow_empty, max_len)
+    _check_array_shape(name, array, ndim, allow_empty, max_len, shape)
     result = np.asarray(array, dtype=np.float64)
     if finite and result.size and not np.isfinite(result).all():
         index = tuple(int(i) for i in np.argwhere(~np.isfinite(result))[0])
@@ -483,6 +657,7 @@ def as_int_array(
     allow_empty: bool = False,
     max_len: int | None = MAX_TRAJECTORIES,
     lo: int | None = None,
+    shape: str | None = None,
 ) -> NDArray[np.int64]:
     """Convert an array-like of integers to an int64 numpy array and validate it.
 
@@ -500,10 +675,13 @@ def as_int_array(
     if array.dtype.kind == "b":
         msg = f"`{name}` must hold integers, got booleans."
         raise LoopguardTypeError(msg)
+    if array.size == 0 and isinstance(value, (list, tuple)):
+        array = array.astype(np.int64)  # numpy types an empty list float64: it holds no float
     if array.dtype.kind not in "iu":
+        _python_int_overflow(name, value, array, "integers")
         msg = f"`{name}` must hold integers, got dtype {array.dtype}."
         raise LoopguardTypeError(msg)
-    _check_array_shape(name, array, ndim, allow_empty, max_len)
+    _check_array_shape(name, array, ndim, allow_empty, max_len, shape)
     if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
         msg = f"`{name}` must fit in int64, got {int(array.max())}."
         raise InputError(msg)
@@ -513,6 +691,31 @@ def as_int_array(
         msg = f"`{name}` must be >= {lo}, got {int(result[index])} at index {index}."
         raise InputError(msg)
     return result
+
+
+def as_group_sizes(name: str, value: object, *, total: int | None = None) -> NDArray[np.int64]:
+    """Validate the sizes of consecutive groups: 1-D integers ``>= 1`` that add up to ``total`` when given.
+
+    Example:
+        >>> as_group_sizes("group_sizes", [4, 3, 1], total=8)
+        array([4, 3, 1])
+        >>> as_group_sizes("group_sizes", [4, 3], total=8)
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.InputError: `group_sizes` must add up to the number of rewards (8), got 7 in 2 groups.
+    """  # noqa: E501
+    sizes = as_int_array(name, value, lo=1, shape="[G] (one size per group)")
+    if total is not None:
+        largest = int(sizes.max())
+        if largest > total:  # checked first: a sum of huge sizes could wrap around in int64
+            msg = f"`{name}` must add up to the number of rewards ({total}), got a group of {largest}."
+            raise InputError(msg)
+        count = int(sizes.sum())
+        if count != total:
+            groups = len(sizes)
+            msg = f"`{name}` must add up to the number of rewards ({total}), got {count} in {groups} groups."
+            raise InputError(msg)
+    return sizes
 
 
 def check_same_length(**arrays: NDArray[Any]) -> int:

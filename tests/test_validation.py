@@ -13,6 +13,7 @@ from loopguard._validation import (
     MAX_NAME_LENGTH,
     MAX_PATH_LENGTH,
     as_float_array,
+    as_group_sizes,
     as_int_array,
     boolean,
     check_bool,
@@ -27,6 +28,8 @@ from loopguard._validation import (
     one_of,
     path_string,
     real,
+    scalar_value,
+    to_numpy,
 )
 
 
@@ -248,3 +251,83 @@ def test_as_float_array_never_returns_non_finite(values):
     else:
         with pytest.raises(InputError, match="must be finite"):
             as_float_array("x", values)
+
+
+# ----------------------------------------------------------------- inputs numpy or torch would mishandle
+
+
+def test_to_numpy_refuses_tensors_without_data():
+    torch = pytest.importorskip("torch", reason="torch is part of the `hf` extra")
+    message = "`rewards` is on the meta device (it holds no data, only a shape), got a tensor of shape (2, 3) on 'meta'"
+    with pytest.raises(InputError, match=re.escape(message)):
+        to_numpy("rewards", torch.empty(2, 3, device="meta"))
+    with pytest.raises(InputError, match=re.escape("`rewards[1]` is on the meta device")):
+        as_float_array("rewards", [torch.tensor(1.0), torch.tensor(2.0, device="meta")])
+    with pytest.raises(InputError, match=re.escape("`rewards` must be a dense (strided) tensor, got a torch.sparse_coo tensor")):
+        as_float_array("rewards", torch.tensor([1.0, 0.0]).to_sparse())
+
+
+def test_to_numpy_reads_tensors_numpy_cannot_take_directly():
+    torch = pytest.importorskip("torch", reason="torch is part of the `hf` extra")
+    # np.asarray raises on a list of tensors that require grad; each item is converted instead
+    items = [torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([3.0, 4.0], requires_grad=True)]
+    np.testing.assert_array_equal(as_float_array("scores", items, ndim=2), [[1.0, 2.0], [3.0, 4.0]])
+    np.testing.assert_array_equal(as_float_array("x", torch.arange(6.0).reshape(2, 3).t()[0]), [0.0, 3.0])
+    np.testing.assert_array_equal(as_float_array("x", torch.tensor([1.0, -2.0]).neg()), [-1.0, 2.0])
+    with pytest.raises(InputError, match=re.escape("`x` must be a rectangular array of numbers, got items of different shapes")):
+        as_float_array("x", [torch.tensor([1.0], requires_grad=True), torch.tensor([1.0, 2.0], requires_grad=True)])
+
+
+def test_masked_arrays_are_refused_or_unwrapped():
+    with pytest.raises(InputError, match=re.escape("`x` must have no masked elements")) as caught:
+        as_float_array("x", np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, True]))
+    assert "2 masked of 3 (first at index (1,))" in str(caught.value)
+    assert ".compressed()" in str(caught.value)
+    assert ".filled(value)" in str(caught.value)
+    np.testing.assert_array_equal(as_float_array("x", np.ma.masked_array([1.0, 2.0])), [1.0, 2.0])
+    with pytest.raises(InputError, match=re.escape("`x[1]` must have no masked elements")):
+        as_float_array("x", [[1.0, 2.0], np.ma.masked_array([1.0, 2.0], mask=[True, False])], ndim=2)
+    with pytest.raises(InputError, match=re.escape("`x` must have no masked elements")):
+        as_int_array("x", np.ma.masked_array([1, 2], mask=[True, False]))
+
+
+def test_python_ints_beyond_int64_are_named():
+    message = "`ids` must hold integers that fit in int64 ([-2**63, 2**63 - 1]), got 9223372036854775808 at index (0, 1)."
+    with pytest.raises(InputError, match=re.escape(message)):
+        as_int_array("ids", [[1, 2**63], [-1, 2]], ndim=2)
+    with pytest.raises(InputError, match=re.escape("got -9223372036854775809 at index (0,).")):
+        as_int_array("ids", [-(2**63) - 1])
+    np.testing.assert_array_equal(as_int_array("ids", [2**63 - 1, -(2**63)]), [2**63 - 1, -(2**63)])
+    with pytest.raises(InputError, match=re.escape("`ids` must not be empty, got shape (0,).")):
+        as_int_array("ids", [])  # an empty list is typed float64 by numpy: not a dtype error
+
+
+def test_lists_of_floats_and_huge_ints_are_floats():
+    np.testing.assert_array_equal(as_float_array("x", [1.5, 2**70]), [1.5, 2.0**70])
+    with pytest.raises(InputError, match=re.escape("`x` must hold numbers representable in float64")):
+        as_float_array("x", [1.5, 2**1100])
+    with pytest.raises(LoopguardTypeError, match=re.escape("`x` must hold real numbers, got dtype object.")):
+        as_float_array("x", [1.5, None])
+
+
+def test_scalar_value():
+    torch = pytest.importorskip("torch", reason="torch is part of the `hf` extra")
+    assert scalar_value("kl", torch.tensor([[0.5]])) == 0.5
+    assert scalar_value("step", torch.tensor(3)) == 3
+    assert isinstance(scalar_value("step", torch.tensor(3)), int)
+    assert scalar_value("kl", 0.5) == 0.5
+    assert scalar_value("kl", "x") == "x"
+    assert scalar_value("kl", [1]) == [1]
+    with pytest.raises(InputError, match=re.escape("`kl` must be a single number (a 0-d or one-element array or tensor), got shape (0,).")):
+        scalar_value("kl", np.array([]))
+    with pytest.raises(InputError, match=re.escape("`kl` is on the meta device")):
+        scalar_value("kl", torch.tensor(0.5, device="meta"))
+
+
+def test_as_group_sizes():
+    np.testing.assert_array_equal(as_group_sizes("sizes", (2, 1, 3), total=6), [2, 1, 3])
+    np.testing.assert_array_equal(as_group_sizes("sizes", [2**62, 2**62]), [2**62, 2**62])  # no total: no sum
+    with pytest.raises(InputError, match=re.escape("`sizes` must add up to the number of rewards (6), got a group of 4611686018427387904.")):
+        as_group_sizes("sizes", [2**62] * 4, total=6)  # the int64 sum would wrap around to 0
+    with pytest.raises(InputError, match=re.escape("`sizes` must be >= 1, got 0 at index (0,).")):
+        as_group_sizes("sizes", [0, 6], total=6)

@@ -9,32 +9,82 @@ mitigation, training only on the top fraction of prompt groups ranked by in-grou
 filter, not a signal, and is not implemented here.)
 
 Rewards are laid out as TRL's GRPO lays them out: ``B = G * group_size`` entries, and each run of
-``group_size`` consecutive entries is the rollouts of one prompt.
+``group_size`` consecutive entries is the rollouts of one prompt. When groups differ in size (a trainer left
+some completions out), pass the sizes of the consecutive groups instead of one ``group_size``.
 """
 
 from __future__ import annotations
 
-import numpy as np
-from numpy.typing import NDArray
+import numbers
+from collections.abc import Callable
 
-from loopguard._validation import as_float_array, check_int, check_real
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from loopguard._validation import (
+    as_float_array,
+    as_group_sizes,
+    check_int,
+    check_real,
+    scalar_value,
+)
 from loopguard.exceptions import InputError
 from loopguard.signals._trend import TrendMethod, series_slope
 
 __all__ = ["entropy_trend", "group_reward_std", "zero_std_group_fraction"]
 
+GroupStatistic = Callable[[NDArray[np.float64]], NDArray[np.float64]]
 
-def _as_groups(rewards: object, group_size: object) -> NDArray[np.float64]:
-    """Validate group-contiguous rewards and return them reshaped to ``[G, group_size]``."""
-    size = check_int("group_size", group_size, lo=2)
+
+def _as_groups(rewards: object, group_size: object) -> tuple[NDArray[np.float64], int | NDArray[np.int64]]:
+    """Validate rewards and the group layout.
+
+    Returns ``(rewards, layout)``: ``layout`` is an int ``>= 2`` for equal groups, or the validated ragged
+    sizes (each ``>= 1``, adding up to ``len(rewards)``). A sequence of equal sizes ``>= 2`` becomes the
+    int, so it gives exactly the same numbers as passing the int.
+    """
+    if hasattr(group_size, "ndim") and getattr(group_size, "ndim", None) == 0:
+        group_size = scalar_value("group_size", group_size)  # a 0-d array or tensor is a plain int
+    if isinstance(group_size, (numbers.Number, str, bytes, np.bool_)) or group_size is None:
+        size = check_int("group_size", group_size, lo=2)
+        array = as_float_array("rewards", rewards)
+        if len(array) % size != 0:
+            msg = (
+                f"`rewards` must have a length divisible by `group_size` (rollouts per prompt), "
+                f"got {len(array)} rewards and group_size {size}."
+            )
+            raise InputError(msg)
+        return array, size
+    sizes = as_group_sizes("group_size", group_size)
     array = as_float_array("rewards", rewards)
-    if len(array) % size != 0:
-        msg = (
-            f"`rewards` must have a length divisible by `group_size` (rollouts per prompt), "
-            f"got {len(array)} rewards and group_size {size}."
-        )
-        raise InputError(msg)
-    return array.reshape(-1, size)
+    as_group_sizes("group_size", sizes, total=len(array))
+    first = int(sizes[0])
+    if first >= 2 and bool((sizes == first).all()):
+        return array, first
+    return array, sizes
+
+
+def _per_group(
+    array: NDArray[np.float64], layout: int | NDArray[np.int64], statistic: GroupStatistic
+) -> NDArray[np.float64]:
+    """Apply ``statistic`` (one value per row of a ``[groups, members]`` matrix) to every group of >= 2.
+
+    Ragged groups are batched by size, so each group goes through exactly the arithmetic it would get in a
+    batch of equal groups; groups of one member are left out. Results come back in group order.
+    """
+    if isinstance(layout, int):
+        return statistic(array.reshape(-1, layout))
+    sizes = layout
+    starts = np.zeros(len(sizes), dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    kept = np.flatnonzero(sizes >= 2)
+    result = np.empty(len(kept), dtype=np.float64)
+    kept_sizes = sizes[kept]
+    for member_count in np.unique(kept_sizes).tolist():
+        chosen = np.flatnonzero(kept_sizes == member_count)
+        rows = starts[kept[chosen]][:, np.newaxis] + np.arange(member_count, dtype=np.int64)
+        result[chosen] = statistic(array[rows])
+    return result
 
 
 def _group_range(groups: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -43,7 +93,22 @@ def _group_range(groups: NDArray[np.float64]) -> NDArray[np.float64]:
         return np.asarray(groups.max(axis=1) - groups.min(axis=1), dtype=np.float64)
 
 
-def group_reward_std(rewards: object, group_size: int, *, ddof: int = 1) -> NDArray[np.float64]:
+def _group_std(groups: NDArray[np.float64], ddof: int) -> NDArray[np.float64]:
+    """Std per row, computed on the row divided by a power of two near its largest magnitude.
+
+    Scaling by ``2**e`` is exact, so squares cannot overflow (rewards near 1e308) or underflow (rewards
+    near 1e-308) and the result equals :func:`numpy.std` wherever that did neither. Rows of identical
+    values get exactly 0.0. A std beyond float64's range comes back as inf (the caller reports it).
+    """
+    exponents = np.frexp(np.max(np.abs(groups), axis=1))[1] - 1
+    scaled = np.ldexp(groups, -exponents[:, np.newaxis])
+    with np.errstate(over="ignore"):
+        std = np.ldexp(np.std(scaled, axis=1, ddof=ddof), exponents)
+    std[_group_range(groups) == 0.0] = 0.0
+    return np.asarray(std, dtype=np.float64)
+
+
+def group_reward_std(rewards: object, group_size: int | ArrayLike, *, ddof: int = 1) -> NDArray[np.float64]:
     r"""Standard deviation of the rewards within each prompt's group of rollouts.
 
     In GRPO the advantage of a rollout is its reward minus its group's mean (divided by the group's std),
@@ -54,55 +119,64 @@ def group_reward_std(rewards: object, group_size: int, *, ddof: int = 1) -> NDAr
 
     .. math::
 
-        s_g = \sqrt{\frac{1}{n - \mathrm{ddof}} \sum_{i=1}^{n} \left(r_{g,i} - \bar r_g\right)^2},
-        \qquad n = \texttt{group\_size}
+        s_g = \sqrt{\frac{1}{n_g - \mathrm{ddof}} \sum_{i=1}^{n_g} \left(r_{g,i} - \bar r_g\right)^2},
+        \qquad n_g = \text{members of group } g
 
     ``ddof=1`` (Bessel's correction, the default) is the per-group std TRL's GRPO divides advantages by
     (``scale_rewards="group"``) and tests for ``frac_reward_zero_std``. TRL's logged ``reward_std`` is a
     different number: the std over the whole batch, not per group. A group whose rewards are all identical
     gets exactly ``0.0`` (not the ~1e-17 residue a rounded float mean can leave).
 
+    **Ragged groups.** ``group_size`` may also be the sizes of consecutive groups (e.g. when a trainer left
+    "unscorable" completions out of the batch, so some prompts kept fewer rollouts). A group with fewer
+    than 2 members has no spread to measure (its sample std is undefined, its population std trivially 0)
+    and is **left out**, with either ``ddof``: the result has one std per group of 2 or more members, in
+    group order, and is empty when there is no such group. A sequence of equal sizes gives exactly the
+    numbers of the equivalent int.
+
     Args:
-        rewards: Rewards, shape ``[B]`` with ``B = G * group_size``, group-contiguous (entries
+        rewards: Rewards, shape ``[B]``, group-contiguous (with an int ``group_size``, entries
             ``g * group_size .. (g + 1) * group_size - 1`` are prompt ``g``'s rollouts), finite,
             ``B <= MAX_TRAJECTORIES`` (100,000).
-        group_size: Rollouts per prompt (TRL's ``num_generations``), integer ``>= 2``.
+        group_size: Rollouts per prompt (TRL's ``num_generations``), an integer ``>= 2`` that divides
+            ``B``; or a sequence of group sizes, integers ``>= 1`` adding up to ``B``.
         ddof: Delta degrees of freedom, ``0`` (population std) or ``1`` (sample std, default).
 
     Returns:
-        float64 array of shape ``[G]``, one std per prompt, in the order the groups appear.
+        float64 array, one std per prompt group (per group of >= 2 members when ``group_size`` is a
+        sequence), in the order the groups appear.
 
     Raises:
         LoopguardTypeError: booleans or non-numbers, or a non-integer ``group_size`` / ``ddof``.
-        ConfigError: ``group_size`` below 2, or ``ddof`` not 0 or 1.
+        ConfigError: an int ``group_size`` below 2, or ``ddof`` not 0 or 1.
         InputError: ``rewards`` empty, not 1-D, over the cap, NaN/Inf, or its length not a multiple of
-            ``group_size``; or a std that overflows float64.
+            ``group_size``; group sizes below 1 or not adding up to ``B``; or a std that overflows float64.
 
     Example:
         >>> group_reward_std([1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0], group_size=4)
         array([0.57735027, 0.        ])
         >>> group_reward_std([1.0, 0.0, 1.0, 0.0], group_size=4, ddof=0)
         array([0.5])
+        >>> group_reward_std([1.0, 0.0, 1.0, 7.0, 2.0, 2.0], group_size=[3, 1, 2])  # singleton left out
+        array([0.57735027, 0.        ])
 
     References:
         Wang, Z., Wang, K., Wang, Q., et al. (2025). RAGEN: Understanding Self-Evolution in LLM Agents via
         Multi-Turn Reinforcement Learning. arXiv:2504.20073.
     """
     correction = check_int("ddof", ddof, lo=0, hi=1)
-    groups = _as_groups(rewards, group_size)
-    scale = float(np.max(np.abs(groups))) if groups.size else 0.0
-    if scale == 0.0:
-        return np.zeros(len(groups), dtype=np.float64)
-    spread = _group_range(groups)
-    std = np.std(groups / scale, axis=1, ddof=correction) * scale  # scaled: squares cannot overflow
-    std[spread == 0.0] = 0.0
+    array, layout = _as_groups(rewards, group_size)
+    std = _per_group(array, layout, lambda groups: _group_std(groups, correction))
     if not np.isfinite(std).all():
-        msg = f"`rewards` must have per-group stds representable in float64 (rescale), got max {std.max()}."
+        msg = (
+            "`rewards` must have per-group stds representable in float64 (a group spans more than "
+            f"~1.8e308), got one beyond it in group {int(np.argmax(~np.isfinite(std)))}."
+        )
         raise InputError(msg)
-    return np.asarray(std, dtype=np.float64)
+    return std
 
 
-def zero_std_group_fraction(rewards: object, group_size: int, *, atol: float = 1e-8) -> float:
+def zero_std_group_fraction(rewards: object, group_size: int | ArrayLike, *, atol: float = 1e-8) -> float:
     r"""Fraction of prompt groups whose rollouts all received the same reward (within ``atol``).
 
     Such a group has zero advantage under GRPO/RLOO: it spends generation compute and teaches nothing. A
@@ -124,10 +198,17 @@ def zero_std_group_fraction(rewards: object, group_size: int, *, atol: float = 1
     differ only for a group whose range lies in ``(atol, atol * sqrt(2 * (group_size - 1))]``, since
     ``range / sqrt(2 (n - 1)) <= std <= range * sqrt(n / (n - 1)) / 2 <= range / sqrt(2)``.
 
+    **Ragged groups** (``group_size`` a sequence of sizes): the fraction is taken over the groups of 2 or
+    more members only, :math:`G` counting those. A single rollout cannot show whether a prompt's rollouts
+    agree, so it is neither a zero-std group nor a group with spread. With no group of 2 or more members
+    the fraction is ``0.0``: no evidence of collapse (the documented value for a degenerate batch, never
+    NaN; callers that must tell "none measurable" apart check the sizes, as the Guard's collapse detector
+    does by skipping such a step).
+
     Args:
-        rewards: Rewards, shape ``[B]`` with ``B = G * group_size``, group-contiguous, finite,
-            ``B <= MAX_TRAJECTORIES`` (100,000).
-        group_size: Rollouts per prompt (TRL's ``num_generations``), integer ``>= 2``.
+        rewards: Rewards, shape ``[B]``, group-contiguous, finite, ``B <= MAX_TRAJECTORIES`` (100,000).
+        group_size: Rollouts per prompt (TRL's ``num_generations``), an integer ``>= 2`` that divides
+            ``B``; or a sequence of group sizes, integers ``>= 1`` adding up to ``B``.
         atol: Absolute tolerance on a group's reward range, finite, ``>= 0``. Default ``1e-8``, TRL's
             tolerance; use 0 for exact equality.
 
@@ -136,21 +217,28 @@ def zero_std_group_fraction(rewards: object, group_size: int, *, atol: float = 1
 
     Raises:
         LoopguardTypeError: booleans or non-numbers, or a non-integer ``group_size``.
-        ConfigError: ``group_size`` below 2, or ``atol`` negative or not finite.
+        ConfigError: an int ``group_size`` below 2, or ``atol`` negative or not finite.
         InputError: ``rewards`` empty, not 1-D, over the cap, NaN/Inf, or its length not a multiple of
-            ``group_size``.
+            ``group_size``; group sizes below 1 or not adding up to ``B``.
 
     Example:
         >>> zero_std_group_fraction([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5, 0.5], group_size=2)
         0.75
+        >>> zero_std_group_fraction([1.0, 1.0, 1.0, 0.3, 0.0, 1.0], group_size=[3, 1, 2])  # 1 of 2 groups
+        0.5
+        >>> zero_std_group_fraction([1.0, 0.0], group_size=[1, 1])  # no group to judge
+        0.0
 
     References:
         Wang, Z., Wang, K., Wang, Q., et al. (2025). RAGEN: Understanding Self-Evolution in LLM Agents via
         Multi-Turn Reinforcement Learning. arXiv:2504.20073.
     """
     tolerance = check_real("atol", atol, lo=0.0)
-    groups = _as_groups(rewards, group_size)
-    return float(np.mean(_group_range(groups) <= tolerance))
+    array, layout = _as_groups(rewards, group_size)
+    ranges = _per_group(array, layout, _group_range)
+    if ranges.size == 0:
+        return 0.0
+    return float(np.mean(ranges <= tolerance))
 
 
 def entropy_trend(mean_entropies: object, *, method: TrendMethod = "ols") -> float:

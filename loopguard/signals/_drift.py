@@ -42,6 +42,7 @@ from loopguard._validation import (
     to_numpy,
 )
 from loopguard.exceptions import ConfigError, InputError
+from loopguard.signals._numeric import pow2_exponent, robust_median
 
 __all__ = [
     "DriftMethod",
@@ -179,10 +180,18 @@ def relative_drop(value: ArrayLike, baseline: ArrayLike) -> float | NDArray[np.f
             f"on baseline - value instead), got 0.0{where}."
         )
         raise InputError(msg)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         drops = np.maximum(0.0, (baselines - values) / np.abs(baselines))
+        if not np.isfinite(drops).all():
+            # baseline - value overflows for huge values of opposite sign; sign(b) - v / |b| is the same
+            # drop and overflows only when the drop itself is beyond float64
+            rewritten = np.maximum(0.0, np.sign(baselines) - values / np.abs(baselines))
+            drops = np.where(np.isfinite(drops), drops, rewritten)
     if not np.isfinite(drops).all():
-        msg = "`value` and `baseline` overflowed float64 in the relative drop (rescale them)."
+        msg = (
+            "`value` and `baseline` must give a relative drop representable in float64, got one beyond "
+            "~1.8e308 (a value more than 1e308 times its baseline's magnitude below it)."
+        )
         raise InputError(msg)
     if scalar_inputs:
         return float(drops)
@@ -374,11 +383,19 @@ def robust_baseline(values: ArrayLike, *, min_count: int = 3) -> RobustBaseline:
             f"got {array.size}."
         )
         raise InputError(msg)
-    median = float(np.median(array))
+    median = float(robust_median(array))  # np.median's middle-pair mean overflows for values near 1e308
     with np.errstate(over="ignore", invalid="ignore"):
-        mad = float(np.median(np.abs(array - median)))
+        mad = float(robust_median(np.abs(array - median)))
+        if not math.isfinite(mad):  # a deviation overflowed: halved deviations cannot
+            mad = float(robust_median(np.abs(array / 2.0 - median / 2.0))) * 2.0
     if not (math.isfinite(median) and math.isfinite(mad)):
         msg = "`values` overflowed float64 while computing the median absolute deviation (rescale them)."
+        raise InputError(msg)
+    if not math.isfinite(_MAD_TO_SIGMA * mad):
+        msg = (
+            "`values` must have a robust scale (1.4826 * MAD) representable in float64, got a MAD of "
+            f"{mad:g} (rescale them)."
+        )
         raise InputError(msg)
     return RobustBaseline(median=median, mad=mad, count=int(array.size))
 
@@ -387,13 +404,20 @@ def robust_baseline(values: ArrayLike, *, min_count: int = 3) -> RobustBaseline:
 # distribution drift
 
 
-def _robust_scale(sample: NDArray[np.float64]) -> float:
-    """Reference scale for standardising: 1.4826 * MAD, else the population standard deviation."""
-    median = np.median(sample)
-    scale = _MAD_TO_SIGMA * float(np.median(np.abs(sample - median)))
+def _robust_scale(sample: NDArray[np.float64]) -> tuple[float, int]:
+    """Reference scale for standardising: 1.4826 * MAD, else the population standard deviation.
+
+    Returned as ``(m, e)`` with scale ``m * 2**e``: computed on the sample divided by a power of two near
+    its largest magnitude (exact), so neither the deviations nor the squares can overflow or underflow (a
+    non-constant reference never gets scale 0 because its squares underflowed).
+    """
+    exponent = pow2_exponent(float(np.max(np.abs(sample))))
+    scaled = np.ldexp(sample, -exponent)
+    median = np.median(scaled)
+    scale = _MAD_TO_SIGMA * float(np.median(np.abs(scaled - median)))
     if scale > 0.0:
-        return scale
-    return float(np.std(sample))
+        return scale, exponent
+    return float(np.std(scaled)), exponent
 
 
 def reward_drift(
@@ -473,15 +497,26 @@ def reward_drift(
         # only the statistic is used; the p-value's internals may divide by zero on tiny samples
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return float(stats.ks_2samp(now, ref, method="asymp").statistic)
-    with np.errstate(over="ignore", invalid="ignore"):
-        distance = float(stats.wasserstein_distance(now, ref))
-        scale = _robust_scale(ref) if standardize else 1.0
-    if not (math.isfinite(distance) and math.isfinite(scale)):
-        msg = "`current` and `reference` overflowed float64 in the Wasserstein distance (rescale them)."
-        raise InputError(msg)
+    # W1 scales with the data: compute it on both samples divided by one power of two (exact), so the gaps
+    # between sorted values cannot overflow, and scale back.
+    exponent = pow2_exponent(max(float(np.max(np.abs(now))), float(np.max(np.abs(ref)))))
+    scaled = float(stats.wasserstein_distance(np.ldexp(now, -exponent), np.ldexp(ref, -exponent)))
     if not standardize:
+        with np.errstate(over="ignore"):
+            distance = float(np.ldexp(scaled, exponent))
+        if not math.isfinite(distance):
+            msg = "`current` and `reference` overflowed float64 in the Wasserstein distance (rescale them)."
+            raise InputError(msg)
         return distance
-    if scale == 0.0:
-        return 0.0 if distance == 0.0 else math.inf
+    scale, scale_exponent = _robust_scale(ref)
+    if scale == 0.0:  # a constant reference
+        return 0.0 if scaled == 0.0 else math.inf
     with np.errstate(over="ignore"):
-        return float(np.float64(distance) / np.float64(scale))
+        standardized = float(np.ldexp(scaled / scale, exponent - scale_exponent))
+    if not math.isfinite(standardized):
+        msg = (
+            "`current` must be within ~1.8e308 reference scales of `reference`: the standardised "
+            "Wasserstein distance is beyond float64 (the reference's spread is tiny against the distance)."
+        )
+        raise InputError(msg)
+    return standardized

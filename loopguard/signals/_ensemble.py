@@ -18,6 +18,7 @@ DoS caps: at most ``MAX_ENSEMBLE_MEMBERS`` (32) members and ``MAX_TRAJECTORIES``
 
 from __future__ import annotations
 
+import math
 from typing import Literal, overload
 
 import numpy as np
@@ -34,6 +35,7 @@ from loopguard._validation import (
     to_numpy,
 )
 from loopguard.exceptions import ConfigError, InputError
+from loopguard.signals._numeric import robust_mean, robust_median
 
 __all__ = [
     "DisagreementStatistic",
@@ -52,6 +54,7 @@ _STATISTICS: tuple[str, ...] = ("variance", "std")
 _REDUCTIONS: tuple[str, ...] = ("mean", "none")
 _METHODS: tuple[str, ...] = ("mean", "median", "min", "uwo", "mean_minus_std")
 _DEFAULT_COEF: dict[str, float] = {"uwo": 0.5, "mean_minus_std": 1.0}
+_TINY_VARIANCE = 2.0**-900  # below it the plain squares may have underflowed: recomputed on rescaled scores
 
 
 def _as_scores(scores: object) -> NDArray[np.float64]:
@@ -79,23 +82,49 @@ def _as_scores(scores: object) -> NDArray[np.float64]:
     return as_float_array("scores", array, ndim=2, max_len=None)
 
 
-def _member_variance(scores: NDArray[np.float64], ddof: int) -> NDArray[np.float64]:
-    """Variance across members (axis 0), exactly 0 where all members agree.
+def _member_spread(
+    scores: NDArray[np.float64], ddof: int, *, root: bool
+) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """Variance (or, with ``root``, standard deviation) across members (axis 0) as ``(m, e)``: ``m * 2**e``.
 
     The variance is shift-invariant, so it is computed on the deviations from the first member: identical
     members then give exactly 0 (not a rounding residue), and large common offsets lose no precision.
+    Samples whose plain variance overflowed (scores near 1e308) or fell to a tiny or zero value (scores near
+    1e-308, whose squares underflow) are computed again on their scores divided by a power of two near their
+    largest magnitude (exact), and carried as ``m * 2**e``: a standard deviation is then representable even
+    where its square is not.
     """
-    with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported by _check_finite_result
-        shifted = scores - scores[:1]
-        variance: NDArray[np.float64] = np.var(shifted, axis=0, ddof=ddof)
-    return variance
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        variance = np.asarray(np.var(scores - scores[:1], axis=0, ddof=ddof), dtype=np.float64)
+    exponents = np.zeros(variance.shape, dtype=np.int64)
+    redo = np.flatnonzero(~(variance >= _TINY_VARIANCE) | ~np.isfinite(variance))
+    if redo.size:
+        columns = scores[:, redo]
+        column_exponents = (np.frexp(np.max(np.abs(columns), axis=0))[1] - 1).astype(np.int64)
+        scaled = np.ldexp(columns, -column_exponents)
+        variance[redo] = np.var(scaled - scaled[:1], axis=0, ddof=ddof)
+        exponents[redo] = 2 * column_exponents
+    if not root:
+        return variance, exponents
+    odd = exponents % 2  # sqrt(m * 2**e) = sqrt(m * 2**(e % 2)) * 2**(e // 2)
+    return np.sqrt(np.ldexp(variance, odd)), exponents // 2
 
 
-def _check_finite_result(result: NDArray[np.float64]) -> NDArray[np.float64]:
+def _times_power_of_two(
+    weight: float, mantissa: NDArray[np.float64], exponent: NDArray[np.int64]
+) -> NDArray[np.float64]:
+    """``weight * mantissa * 2**exponent`` without an intermediate overflow (inf only if the result is)."""
+    weight_mantissa, weight_exponent = math.frexp(weight)
+    with np.errstate(over="ignore"):
+        return np.asarray(np.ldexp(weight_mantissa * mantissa, exponent + weight_exponent), dtype=np.float64)
+
+
+def _check_finite_result(result: NDArray[np.float64], what: str = "result") -> NDArray[np.float64]:
     if not np.isfinite(result).all():
+        index = int(np.argmax(~np.isfinite(result)))
         msg = (
-            "`scores` must be small enough in magnitude for float64 arithmetic: the result overflowed "
-            "(rescale the scores)."
+            f"`scores` must give a {what} representable in float64, got one beyond ~1.8e308 at sample "
+            f"{index} (rescale the scores)."
         )
         raise InputError(msg)
     return result
@@ -196,12 +225,11 @@ def ensemble_disagreement(
     chosen_reduce = check_choice("reduce", reduce, _REDUCTIONS)
     array = _as_scores(scores)
     ddof = _check_unbiased(unbiased, array.shape[0])
-    spread = _check_finite_result(_member_variance(array, ddof))
-    if chosen_statistic == "std":
-        spread = np.sqrt(spread)
+    mantissa, exponent = _member_spread(array, ddof, root=chosen_statistic == "std")
+    spread = _check_finite_result(_times_power_of_two(1.0, mantissa, exponent), chosen_statistic)
     if chosen_reduce == "none":
         return spread
-    return float(np.mean(spread))
+    return float(robust_mean(spread))
 
 
 def ensemble_reward(
@@ -296,16 +324,14 @@ def ensemble_reward(
     ddof = _check_unbiased(unbiased, array.shape[0])
 
     if chosen == "median":
-        result = np.median(array, axis=0)
+        result = robust_median(array, axis=0)  # np.median's middle-pair mean overflows near 1e308
     elif chosen == "min":
         result = np.min(array, axis=0)
     else:
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below
-            result = np.mean(array, axis=0)
+        result = robust_mean(array, axis=0)
         if penalised:
-            spread = _check_finite_result(_member_variance(array, ddof))
-            if chosen == "mean_minus_std":
-                spread = np.sqrt(spread)
+            mantissa, exponent = _member_spread(array, ddof, root=chosen == "mean_minus_std")
+            penalty = _times_power_of_two(weight, mantissa, exponent)
             with np.errstate(over="ignore", invalid="ignore"):
-                result = result - weight * spread
+                result = result - penalty
     return _check_finite_result(np.asarray(result, dtype=np.float64))

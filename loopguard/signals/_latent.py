@@ -18,6 +18,7 @@ that space; neither looks at scalar rewards.
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import numpy as np
@@ -39,6 +40,7 @@ from loopguard._validation import (
     check_real,
 )
 from loopguard.exceptions import InputError
+from loopguard.signals._numeric import pow2_exponent
 
 __all__ = [
     "CovarianceShrinkage",
@@ -92,6 +94,48 @@ def _reject_zero_rows(name: str, array: NDArray[np.float64]) -> None:
             f"(cosine distance is undefined for a zero vector), got one at row {row}."
         )
         raise InputError(msg)
+
+
+_SAFE_RANGE = (2.0**-200, 2.0**200)
+"""Largest magnitudes for which distances, squares and covariance estimates of embeddings (Ledoit-Wolf uses
+fourth powers) cannot overflow or underflow to nothing: ``2**800`` times 65,536 dimensions times 100,000
+rows is still far below 1.8e308. Data inside it is used as given, so the results are exactly those of the
+plain formulas; data outside it is rescaled by a power of two (and translated where distances allow)."""
+
+_SMALLEST_EPS = float(np.nextafter(0.0, 1.0))
+_LARGEST_EPS = 1e12  # far beyond any distance between rows of magnitude < 4 in <= 65,536 dimensions
+
+
+def _outside_safe_range(*arrays: NDArray[np.float64]) -> bool:
+    largest = max(float(np.max(np.abs(array))) for array in arrays)
+    return largest != 0.0 and not _SAFE_RANGE[0] <= largest <= _SAFE_RANGE[1]
+
+
+def _to_safe_range(
+    policy: NDArray[np.float64], reference: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
+    """Bring both batches into :data:`_SAFE_RANGE` when they are outside it; distances become ``d / 2**e``.
+
+    Returns the batches unchanged with ``e = 0`` when they are inside it.
+
+    Translation to the middle of the joint bounding box cannot overflow (``min/2 + max/2``) and keeps
+    small differences between huge coordinates; the power-of-two scaling is exact.
+    """
+    if not _outside_safe_range(policy, reference):
+        return policy, reference, 0
+    low = np.minimum(policy.min(axis=0), reference.min(axis=0))
+    high = np.maximum(policy.max(axis=0), reference.max(axis=0))
+    center = low / 2.0 + high / 2.0
+    policy = policy - center  # |x - center| <= (high - low) / 2 <= 1.8e308
+    reference = reference - center
+    exponent = pow2_exponent(max(float(np.max(np.abs(policy))), float(np.max(np.abs(reference)))))
+    return np.ldexp(policy, -exponent), np.ldexp(reference, -exponent), exponent
+
+
+def _rows_to_unit_scale(array: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Divide each row by a power of two near its largest magnitude (exact; a zero row stays zero)."""
+    exponents = np.frexp(np.max(np.abs(array), axis=1))[1]
+    return np.asarray(np.ldexp(array, -exponents[:, None]), dtype=np.float64)
 
 
 def _paired_distances(a: NDArray[np.float64], b: NDArray[np.float64], metric: str) -> NDArray[np.float64]:
@@ -203,11 +247,22 @@ def cluster_separation_index(
     metric_name = check_choice("metric", metric, _CSI_METRICS)
     include_noise_flag = check_bool("include_noise", include_noise)
     normalize_flag = check_bool("normalize", normalize)
+    exponent = 0
     if metric_name == "cosine":
         _reject_zero_rows("policy_emb", policy)
         _reject_zero_rows("reference_emb", reference)
+        # cosine ignores each row's length: cluster rows scaled to a magnitude in [0.5, 1) (exact), so no
+        # norm can overflow or underflow; the distances are unchanged. Centroids use the rows as given.
+        clustered, reference = _rows_to_unit_scale(policy), _rows_to_unit_scale(reference)
+    else:
+        policy, reference, exponent = _to_safe_range(policy, reference)
+        clustered = policy
+        if exponent:  # distances shrink by 2**exponent: so does eps (clamped to what float64 can hold)
+            with np.errstate(over="ignore", under="ignore"):
+                eps_value = float(np.ldexp(eps_value, -exponent))
+            eps_value = min(max(eps_value, _SMALLEST_EPS), _LARGEST_EPS)
 
-    labels = DBSCAN(eps=eps_value, min_samples=min_samples_value, metric=metric_name).fit_predict(policy)
+    labels = DBSCAN(eps=eps_value, min_samples=min_samples_value, metric=metric_name).fit_predict(clustered)
     labels = np.asarray(labels, dtype=np.int64)
     noise = labels < 0
     if include_noise_flag and noise.any():
@@ -224,7 +279,16 @@ def cluster_separation_index(
     counts = np.bincount(member_labels)  # DBSCAN numbers clusters 0..n-1, none empty
     order = np.argsort(member_labels, kind="stable")
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-    centroids = np.add.reduceat(members[order], starts, axis=0) / counts[:, None]
+    ordered = members[order]
+    if metric_name == "cosine":
+        # Only the centroid's direction matters: scale each cluster's rows by a power of two near the
+        # cluster's largest row (exact), so the sum cannot overflow when rows are near 1e308.
+        row_exponents = np.frexp(np.max(np.abs(ordered), axis=1))[1]
+        cluster_exponents = np.maximum.reduceat(row_exponents, starts)
+        ordered = np.ldexp(ordered, -np.repeat(cluster_exponents, counts)[:, None])
+    centroids = np.add.reduceat(ordered, starts, axis=0) / counts[:, None]
+    if metric_name == "cosine":
+        centroids = _rows_to_unit_scale(centroids)
 
     # Nearest reference point per centroid (chunked, memory-bounded), then the exact distance to it.
     nearest = pairwise_distances_argmin(centroids, reference, metric=metric_name)
@@ -232,6 +296,15 @@ def cluster_separation_index(
     total = float(np.dot(counts.astype(np.float64), distances))
     if normalize_flag:
         total /= policy.shape[0]
+    if exponent:
+        with np.errstate(over="ignore"):
+            total = float(np.ldexp(total, exponent))
+        if not math.isfinite(total):
+            msg = (
+                "`policy_emb` and `reference_emb` must give a CSI representable in float64, got one beyond "
+                "~1.8e308 (the clusters sit that far from the reference; rescale the embeddings)."
+            )
+            raise InputError(msg)
     return total
 
 
@@ -255,6 +328,34 @@ def _validated_mahalanobis_inputs(
     return policy, reference, shrinkage_name, components, ridge_value
 
 
+def _to_reference_scale(
+    policy: NDArray[np.float64], reference: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64] | None, int]:
+    """Bring the reference into :data:`_SAFE_RANGE` (translate to its centre, divide by ``2**e``).
+
+    Mahalanobis distances do not change when both batches move together and are scaled together (the
+    ridge then scales by ``4**-e``). Returns ``(policy, reference, halves, e)``: policy rows that do not
+    fit in float64 after scaling (rows astronomically far from the reference) come back as inf, and
+    ``halves`` holds ``(x - centre) / 2`` in the original units for every row (finite). When no rescaling
+    is needed, everything is returned as given, with ``halves = None`` and ``e = 0``.
+    """
+    if not _outside_safe_range(policy, reference):
+        return policy, reference, None, 0
+    center = reference.min(axis=0) / 2.0 + reference.max(axis=0) / 2.0
+    reference = reference - center
+    exponent = pow2_exponent(float(np.max(np.abs(reference))))
+    halves = policy / 2.0 - center / 2.0  # (x - centre) / 2 cannot overflow
+    with np.errstate(over="ignore"):
+        policy = np.ldexp(halves, 1 - exponent)
+    return policy, np.ldexp(reference, -exponent), halves, exponent
+
+
+def _unit_rows(rows: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
+    """``(v, k)`` with ``rows = v * 2**k`` row by row and every ``|v| < 1`` (exact)."""
+    exponents = np.frexp(np.max(np.abs(rows), axis=1))[1].astype(np.int64)
+    return np.asarray(np.ldexp(rows, -exponents[:, None]), dtype=np.float64), exponents
+
+
 def _squared_mahalanobis(
     policy: NDArray[np.float64],
     reference: NDArray[np.float64],
@@ -262,16 +363,60 @@ def _squared_mahalanobis(
     n_components: int | None,
     ridge: float,
 ) -> NDArray[np.float64]:
-    """Squared Mahalanobis distances of policy rows under a Gaussian fitted to the reference rows."""
+    """Squared Mahalanobis distances of policy rows under a Gaussian fitted to the reference rows.
+
+    Data inside :data:`_SAFE_RANGE` goes through the plain formulas. Otherwise the computation runs on
+    rescaled data, and a row whose difference from the mean does not fit in float64 is carried as
+    ``v * 2**k`` (a "far" row). Entries beyond float64's range are ``+inf``.
+    """
+    policy, reference, halves, exponent = _to_reference_scale(policy, reference)
+    far = np.flatnonzero(~np.isfinite(policy).all(axis=1))
+    far_unit = np.zeros((0, policy.shape[1]))
+    far_exponents = np.zeros(0, dtype=np.int64)
+    if far.size and halves is not None:  # difference = 2 * halves / 2**e; the mean (|mu| <= 2) is negligible
+        far_unit, far_exponents = _unit_rows(halves[far])
+        far_exponents += 1 - exponent
     if n_components is not None:
-        pca = PCA(n_components=n_components, svd_solver="full").fit(reference)
+        with np.errstate(divide="ignore", invalid="ignore"):  # variance ratios of a constant reference
+            pca = PCA(n_components=n_components, svd_solver="full").fit(reference)
         reference = np.asarray(pca.transform(reference), dtype=np.float64)
-        policy = np.asarray(pca.transform(policy), dtype=np.float64)
+        near_rows = np.setdiff1d(np.arange(policy.shape[0]), far)
+        projected = np.zeros((policy.shape[0], n_components), dtype=np.float64)
+        if near_rows.size:
+            projected[near_rows] = pca.transform(policy[near_rows])
+        if far.size:  # the projection is linear: project the unit rows, scale back where that fits
+            components = np.asarray(pca.components_, dtype=np.float64)
+            far_projected = far_unit @ components.T
+            with np.errstate(over="ignore", invalid="ignore"):
+                back = np.ldexp(far_projected, far_exponents[:, None]) - np.asarray(pca.mean_) @ components.T
+            fits = np.isfinite(back).all(axis=1)
+            projected[far[fits]] = back[fits]
+            far_unit, extra = _unit_rows(far_projected[~fits])
+            far_exponents = far_exponents[~fits] + extra
+            far = far[~fits]
+        policy = projected
+        if not far.size:
+            far_unit = np.zeros((0, n_components))
+    near = np.setdiff1d(np.arange(policy.shape[0]), far)
+    squared = np.full(policy.shape[0], np.inf)
     estimator = {"ledoit_wolf": LedoitWolf, "oas": OAS, "none": EmpiricalCovariance}[shrinkage]()
     estimator.fit(reference)
-    dim = reference.shape[1]
-    covariance = np.asarray(estimator.covariance_, dtype=np.float64) + ridge * np.eye(dim)
     location = np.asarray(estimator.location_, dtype=np.float64)
+    dim = reference.shape[1]
+    with np.errstate(over="ignore", under="ignore"):
+        scaled_ridge = float(np.ldexp(ridge, -2 * exponent))
+    if not math.isfinite(scaled_ridge):
+        # A tiny reference and a huge ridge: the covariance is ridge * I to float64 precision (its own
+        # entries are <= 4 after scaling), so d^2 = ||x - mu||^2 / ridge, evaluated as v * 2**k.
+        mantissa, ridge_exponent = math.frexp(ridge)
+        near_unit, near_exponents = _unit_rows(policy[near] - location)
+        units = np.concatenate([near_unit, far_unit])
+        exponents = np.concatenate([near_exponents, far_exponents]) * 2 + 2 * exponent - ridge_exponent
+        norms = np.einsum("ij,ij->i", units, units) / mantissa
+        with np.errstate(over="ignore", under="ignore"):
+            squared[np.concatenate([near, far])] = np.ldexp(norms, exponents)
+        return squared
+    covariance = np.asarray(estimator.covariance_, dtype=np.float64) + scaled_ridge * np.eye(dim)
     singular_msg = (
         f"`reference_emb` gives a numerically singular covariance ({reference.shape[0]} rows in {dim} "
         f"dimensions, shrinkage={shrinkage!r}, ridge={ridge:g}); set `ridge` > 0, use shrinkage='oas' or "
@@ -282,11 +427,23 @@ def _squared_mahalanobis(
     except np.linalg.LinAlgError as error:
         raise InputError(singular_msg) from error
     pivots = np.square(np.diag(factor))
-    if pivots.min() <= pivots.max() * dim * np.finfo(np.float64).eps:
+    if pivots.min() / pivots.max() <= dim * np.finfo(np.float64).eps:  # a ratio: a huge ridge cannot overflow
         raise InputError(singular_msg)
-    # d^2 = ||L^{-1} (x - mu)||^2: a sum of squares, so never negative (unlike diff . cho_solve(diff)).
-    whitened = scipy.linalg.solve_triangular(factor, (policy - location).T, lower=lower, check_finite=False)
-    return np.asarray(np.einsum("ij,ij->j", whitened, whitened), dtype=np.float64)
+
+    def whitened_norms(rows: NDArray[np.float64]) -> NDArray[np.float64]:
+        # d^2 = ||L^{-1} (x - mu)||^2: a sum of squares, so never negative (unlike diff . cho_solve(diff)).
+        whitened = scipy.linalg.solve_triangular(factor, rows.T, lower=lower, check_finite=False)
+        return np.asarray(np.einsum("ij,ij->j", whitened, whitened), dtype=np.float64)
+
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        squared[near] = whitened_norms(policy[near] - location)
+        redo = near[~np.isfinite(squared[near])]
+        if redo.size:  # an intermediate overflowed: whiten each such row as v * 2**k
+            unit, unit_exponents = _unit_rows(policy[redo] - location)
+            squared[redo] = np.ldexp(whitened_norms(unit), 2 * unit_exponents)
+        if far.size:
+            squared[far] = np.ldexp(whitened_norms(far_unit), 2 * far_exponents)
+    return squared
 
 
 def squared_mahalanobis_distances(
@@ -357,7 +514,16 @@ def squared_mahalanobis_distances(
     policy, reference, shrinkage_name, components, ridge_value = _validated_mahalanobis_inputs(
         policy_emb, reference_emb, shrinkage, n_components, ridge
     )
-    return _squared_mahalanobis(policy, reference, shrinkage_name, components, ridge_value)
+    squared = _squared_mahalanobis(policy, reference, shrinkage_name, components, ridge_value)
+    if not np.isfinite(squared).all():
+        row = int(np.argmax(~np.isfinite(squared)))
+        msg = (
+            f"`policy_emb` must lie within float64's reach of `reference_emb`, got row {row} whose squared "
+            "Mahalanobis distance is beyond ~1.8e308 (mahalanobis_outlier_fraction counts such rows as "
+            "outliers)."
+        )
+        raise InputError(msg)
+    return squared
 
 
 def mahalanobis_outlier_fraction(

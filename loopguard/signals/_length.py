@@ -125,7 +125,8 @@ def reward_length_correlation(
     if len(reward_array) < 2:
         msg = f"`rewards` must hold at least 2 completions to correlate, got {len(reward_array)}."
         raise InputError(msg)
-    if np.ptp(reward_array) == 0.0 or np.ptp(length_array) == 0:
+    # max == min rather than np.ptp: the range of rewards near +-1.8e308 overflows (the test does not)
+    if reward_array.max() == reward_array.min() or length_array.max() == length_array.min():
         return 0.0
     x = length_array.astype(np.float64)
     y = reward_array

@@ -38,8 +38,12 @@ _RELABEL_TABLE_MIN = 1 << 22
 
 
 def _fits(key_max: int, base: int) -> bool:
-    """Whether ``key * base + digit`` (``0 <= digit < base``) fits in int64 for every ``key <= key_max``."""
-    return key_max * base + (base - 1) <= _INT64_MAX
+    """Whether ``key * base + digit`` (``0 <= digit < base``) fits in int64 for every ``key <= key_max``.
+
+    ``base`` itself must fit in int64 too: numpy multiplies an int64 array by it (``base`` is ``2**63`` when
+    the largest token id is ``2**63 - 1``, and ``key * 2**63`` would not even convert).
+    """
+    return base <= _INT64_MAX and key_max * base + (base - 1) <= _INT64_MAX
 
 
 def _dense_rank(high: NDArray[np.int64], low: NDArray[np.int64] | None = None) -> NDArray[np.int64]:

@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 from loopguard._validation import (
     MAX_TOKENS_PER_TRAJECTORY,
     MAX_TRAJECTORIES,
+    _python_int_overflow,
     describe,
     to_numpy,
 )
@@ -103,6 +104,7 @@ def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
             msg = f"`{name}[{i}]` must be a 1-D sequence of token ids, got shape {row.shape}."
             raise InputError(msg)
         if row.size and row.dtype.kind not in "iu":
+            _python_int_overflow(f"{name}[{i}]", sequences[i], row, "token ids")  # e.g. [2**63, 5] or [2**64]
             kind = "booleans" if row.dtype.kind == "b" else f"dtype {row.dtype}"
             msg = f"`{name}[{i}]` must hold integer token ids, got {kind}."
             raise LoopguardTypeError(msg)
@@ -163,7 +165,10 @@ def as_token_batch(
     elif hasattr(sequences, "ndim") or isinstance(sequences, np.ndarray):
         array = to_numpy(name, sequences)
         if array.ndim != 2:
-            msg = f"`{name}` must be a 2-D array of token ids or a list of sequences, got {array.shape}."
+            msg = (
+                f"`{name}` must be a 2-D array of token ids or a list of sequences (shaped [B, L]), "
+                f"got shape {array.shape}."
+            )
             raise InputError(msg)
         batch = _from_rectangular(name, array)
     elif isinstance(sequences, Sequence):

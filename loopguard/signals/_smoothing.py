@@ -104,8 +104,28 @@ def _check_alpha(alpha: object) -> float:
 
 
 def _ema_step(previous: float, value: float, alpha: float) -> float:
-    """One EMA step; :func:`ema` evaluates the same recursion with ``lfilter``."""
-    return alpha * value + (1.0 - alpha) * previous
+    """One EMA step; :func:`ema` evaluates the same recursion with ``lfilter``.
+
+    A convex combination of two finite values is finite, but its rounded terms can add up past the largest
+    float when both are near it: then it is evaluated on halved values, kept within ``[min, max]``.
+    """
+    result = alpha * value + (1.0 - alpha) * previous
+    if math.isfinite(result):
+        return result
+    halved = (alpha * (value / 2.0) + (1.0 - alpha) * (previous / 2.0)) * 2.0
+    return min(max(halved, min(value, previous)), max(value, previous))
+
+
+def _ema_filter(series: NDArray[np.float64], a: float) -> NDArray[np.float64]:
+    """The EMA recursion over a whole series, as one ``lfilter`` pass."""
+    out = np.empty_like(series)
+    out[0] = series[0]
+    if series.size > 1:
+        # y_t - (1 - a) y_{t-1} = a x_t, started from the state that yields y_0 = x_0 exactly.
+        with np.errstate(over="ignore", invalid="ignore"):
+            filtered, _ = lfilter([a], [1.0, -(1.0 - a)], series[1:], zi=[(1.0 - a) * series[0]])
+        out[1:] = filtered
+    return out
 
 
 def ema(values: object, *, alpha: float) -> NDArray[np.float64]:
@@ -151,12 +171,13 @@ def ema(values: object, *, alpha: float) -> NDArray[np.float64]:
     """
     a = _check_alpha(alpha)
     series = as_float_array("values", values, max_len=MAX_SERIES_LENGTH)
-    out = np.empty_like(series)
-    out[0] = series[0]
-    if series.size > 1:
-        # y_t - (1 - a) y_{t-1} = a x_t, started from the state that yields y_0 = x_0 exactly.
-        filtered, _ = lfilter([a], [1.0, -(1.0 - a)], series[1:], zi=[(1.0 - a) * series[0]])
-        out[1:] = filtered
+    out = _ema_filter(series, a)
+    if not np.isfinite(out).all():
+        # values near +-1.8e308: rounding can carry a convex combination past the largest float. The filter
+        # is linear, so run it on halved values, double back and keep it within the range of the values.
+        with np.errstate(over="ignore"):
+            out = _ema_filter(series / 2.0, a) * 2.0
+        np.clip(out, series.min(), series.max(), out=out)
     return out
 
 
@@ -317,10 +338,22 @@ def _update(
 
 def _standardise(x: float, target: float, scale: float) -> float:
     z = (x - target) / scale
+    if not math.isfinite(z):  # x - target overflows for huge values of opposite sign; z itself may not
+        z = x / scale - target / scale
     if not math.isfinite(z):
         msg = f"`value` standardised as (value - target) / scale must be finite, got {z} for value {x!r}."
         raise InputError(msg)
     return z
+
+
+def _check_statistics(raw_upper: float, raw_lower: float, z: float, index: int) -> None:
+    """Refuse a step whose statistic left float64 (``S + z`` for ``z`` near 1.8e308 and a huge ``h``)."""
+    if not (math.isfinite(raw_upper) and math.isfinite(raw_lower)):
+        msg = (
+            f"`value` must keep the CUSUM statistics within float64, got a standardised value z = {z:g} at "
+            f"step {index} that carries them beyond ~1.8e308 (use a larger `scale`)."
+        )
+        raise InputError(msg)
 
 
 _STATE_KEYS = ("upper", "lower", "steps", "alarms", "last_alarm", "last_direction")
@@ -581,9 +614,10 @@ class Cusum:
                 msg = f"`state.{side}` must be <= h ({self.h:g}), got {statistic}."
                 raise ConfigError(msg)
         z = _standardise(_as_observation("value", value), self.target, self.scale)
-        _, _, upper, lower, sign = _update(
+        raw_upper, raw_lower, upper, lower, sign = _update(
             state.upper, state.lower, z, self.k, self.h, self._watch_up, self._watch_down
         )
+        _check_statistics(raw_upper, raw_lower, z, state.steps)
         if not sign:
             return False, attrs.evolve(state, upper=upper, lower=lower, steps=state.steps + 1)
         new_state = CusumState(
@@ -653,8 +687,10 @@ def cusum(
     """
     detector = Cusum(target, scale, k=k, h=h, direction=direction)
     series = as_float_array("values", values, max_len=MAX_SERIES_LENGTH)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):
         z = (series - detector.target) / detector.scale
+        if not np.isfinite(z).all():  # same rewrite as _standardise, so batch and streaming agree
+            z = np.where(np.isfinite(z), z, series / detector.scale - detector.target / detector.scale)
     if not np.isfinite(z).all():
         index = int(np.argmax(~np.isfinite(z)))
         _standardise(float(series[index]), detector.target, detector.scale)  # raises with the message
@@ -672,6 +708,12 @@ def cusum(
         if sign:
             alarms.append(t)
             signs.append(sign)
+    upper_series = np.asarray(raw_upper, dtype=np.float64)
+    lower_series = np.asarray(raw_lower, dtype=np.float64)
+    overflowed = ~(np.isfinite(upper_series) & np.isfinite(lower_series))
+    if overflowed.any():
+        index = int(np.argmax(overflowed))
+        _check_statistics(raw_upper[index], raw_lower[index], float(z[index]), index)  # raises
     state = CusumState(
         upper=upper,
         lower=lower,
@@ -681,8 +723,8 @@ def cusum(
         last_direction=None if not alarms else ("up" if signs[-1] > 0 else "down"),
     )
     return CusumResult(
-        upper=np.asarray(raw_upper, dtype=np.float64),
-        lower=np.asarray(raw_lower, dtype=np.float64),
+        upper=upper_series,
+        lower=lower_series,
         alarms=np.asarray(alarms, dtype=np.int64),
         alarm_signs=np.asarray(signs, dtype=np.int8),
         state=state,

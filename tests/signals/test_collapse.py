@@ -290,3 +290,116 @@ def test_entropy_trend_bad_inputs(values: object, method: Any, error: type[Excep
 def test_entropy_trend_theil_sen_cap() -> None:
     with pytest.raises(InputError, match=re.escape("`mean_entropies` must have at most 4,096 points")):
         entropy_trend(np.ones(4097), method="theil_sen")
+
+
+# --------------------------------------------------------------------------------------------------
+# ragged groups: group_size as a sequence of group sizes
+
+
+def naive_ragged_std(rewards: list[float], sizes: list[int], ddof: int) -> list[float]:
+    stdev = statistics.stdev if ddof == 1 else statistics.pstdev
+    result, start = [], 0
+    for size in sizes:
+        group = rewards[start : start + size]
+        start += size
+        if len(group) >= 2:  # a single rollout has no spread: left out
+            result.append(stdev(group))
+    return result
+
+
+def naive_ragged_zero_fraction(rewards: list[float], sizes: list[int], atol: float) -> float:
+    flags, start = [], 0
+    for size in sizes:
+        group = rewards[start : start + size]
+        start += size
+        if len(group) >= 2:
+            flags.append(max(group) - min(group) <= atol)
+    return sum(flags) / len(flags) if flags else 0.0
+
+
+@st.composite
+def ragged_rewards(draw: st.DrawFn) -> tuple[list[float], list[int]]:
+    sizes = draw(st.lists(st.integers(1, 6), min_size=1, max_size=10))
+    values = st.sampled_from([0.0, 0.5, 1.0]) | st.integers(-400, 400).map(lambda v: v / 16)
+    rewards = draw(st.lists(values, min_size=sum(sizes), max_size=sum(sizes)))
+    return rewards, sizes
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=ragged_rewards(), ddof=st.integers(0, 1), atol=st.sampled_from([0.0, 1e-8, 0.3]))
+def test_ragged_groups_match_a_naive_loop(
+    data: tuple[list[float], list[int]], ddof: int, atol: float
+) -> None:
+    rewards, sizes = data
+    expected = naive_ragged_std(rewards, sizes, ddof)
+    got = group_reward_std(rewards, sizes, ddof=ddof)
+    assert got.shape == (len(expected),)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+    assert zero_std_group_fraction(rewards, sizes, atol=atol) == naive_ragged_zero_fraction(
+        rewards, sizes, atol
+    )
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=grouped_rewards(), ddof=st.integers(0, 1))
+def test_equal_sizes_as_a_sequence_are_exactly_the_int(data: tuple[list[float], int], ddof: int) -> None:
+    rewards, group_size = data
+    sizes = [group_size] * (len(rewards) // group_size)
+    np.testing.assert_array_equal(
+        group_reward_std(rewards, sizes, ddof=ddof), group_reward_std(rewards, group_size, ddof=ddof)
+    )
+    assert zero_std_group_fraction(rewards, sizes) == zero_std_group_fraction(rewards, group_size)
+
+
+def test_ragged_hand_case_and_container_kinds() -> None:
+    torch = pytest.importorskip("torch", reason="torch is part of the `hf` extra")
+
+    rewards = [1.0, 0.0, 1.0, 7.0, 2.0, 2.0, 3.0]  # groups [1, 0, 1], [7], [2, 2], [3]
+    for sizes in ([3, 1, 2, 1], (3, 1, 2, 1), np.array([3, 1, 2, 1]), torch.tensor([3, 1, 2, 1])):
+        np.testing.assert_allclose(group_reward_std(rewards, sizes), [math.sqrt(1 / 3), 0.0], rtol=1e-12)
+        np.testing.assert_allclose(
+            group_reward_std(rewards, sizes, ddof=0), [math.sqrt(2 / 9), 0.0], rtol=1e-12
+        )
+        assert zero_std_group_fraction(rewards, sizes) == 0.5
+
+
+def test_no_group_of_two_gives_an_empty_std_and_a_zero_fraction() -> None:
+    assert group_reward_std([1.0, 2.0, 3.0], [1, 1, 1]).shape == (0,)
+    assert group_reward_std([1.0, 2.0, 3.0], [1, 1, 1], ddof=0).shape == (0,)
+    assert zero_std_group_fraction([1.0, 2.0, 3.0], [1, 1, 1]) == 0.0
+    # an int group_size keeps its rule: groups of one are a configuration error there
+    with pytest.raises(ConfigError, match=re.escape("`group_size` must be >= 2, got 1.")):
+        group_reward_std([1.0, 2.0], 1)
+
+
+@pytest.mark.parametrize("function", [group_reward_std, zero_std_group_fraction])
+@pytest.mark.parametrize(
+    ("rewards", "sizes", "error", "message"),
+    [
+        ([1.0] * 5, [2, 2], InputError, "`group_size` must add up to the number of rewards (5), got 4 in 2 groups."),
+        ([1.0] * 3, [4], InputError, "`group_size` must add up to the number of rewards (3), got a group of 4."),
+        ([1.0] * 4, [2**62, 2**62, 2**62, 2**62], InputError, "`group_size` must add up to the number of rewards (4), got a group of"),
+        ([1.0] * 4, [4, 0], InputError, "`group_size` must be >= 1, got 0 at index (1,)."),
+        ([1.0] * 4, [5, -1], InputError, "`group_size` must be >= 1, got -1 at index (1,)."),
+        ([1.0] * 4, [2.0, 2.0], LoopguardTypeError, "`group_size` must hold integers, got dtype float64."),
+        ([1.0] * 4, [True, True], LoopguardTypeError, "`group_size` must hold integers, got booleans."),
+        ([1.0] * 4, [[2, 2]], InputError, "`group_size` must be a 1-D array shaped [G] (one size per group), got shape (1, 2)."),
+        ([1.0] * 4, [], InputError, "`group_size` must not be empty, got shape (0,)."),
+        ([1.0, float("nan")], [1, 1], InputError, "`rewards` must be finite, got nan at index (1,)."),
+        ("ab", [1, 1], LoopguardTypeError, "`rewards` must be an array of numbers"),
+    ],
+)  # fmt: skip
+def test_ragged_bad_inputs(
+    function: Any, rewards: object, sizes: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        function(rewards, sizes)
+
+
+def test_ragged_std_beyond_float64_is_an_error() -> None:
+    with pytest.raises(
+        InputError, match=re.escape("`rewards` must have per-group stds representable in float64")
+    ):
+        group_reward_std([1.0, 1.7e308, -1.7e308], [1, 2])
+    # a representable std of huge rewards is returned (the plain squares overflow)
+    np.testing.assert_allclose(group_reward_std([1e308, -1e308], [2], ddof=0), [1e308], rtol=1e-15)

@@ -163,9 +163,12 @@ def test_relative_drop_caps_and_overflow():
     message = "`value` and `baseline` must broadcast to at most 10,000,000 elements (DoS cap), got shape"
     with pytest.raises(InputError, match=re.escape(message)):
         relative_drop(np.zeros((10_000, 1)), np.ones((1, 1_001)))
-    message = "`value` and `baseline` overflowed float64 in the relative drop (rescale them)."
+    message = "`value` and `baseline` must give a relative drop representable in float64, got one beyond"
     with pytest.raises(InputError, match=re.escape(message)):
-        relative_drop(-1e308, 1e308)
+        relative_drop(-1e308, 1e-10)
+    # baseline - value overflows here, the drop (2.0) does not: it used to be refused
+    assert relative_drop(-1e308, 1e308) == 2.0
+    np.testing.assert_array_equal(relative_drop([-1.7e308, 1.7e308], 1.7e308), [2.0, 0.0])
 
 
 # --------------------------------------------------------------------------------------------------

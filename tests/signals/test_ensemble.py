@@ -318,10 +318,27 @@ def test_coef_validation():
 
 
 def test_overflow_is_an_error_not_a_silent_inf_or_nan():
-    message = "`scores` must be small enough in magnitude for float64 arithmetic: the result overflowed"
-    with pytest.raises(InputError, match=re.escape(message)):
-        ensemble_reward([[1e308], [1e308]], "mean")
+    message = "`scores` must give a variance representable in float64, got one beyond ~1.8e308 at sample 0"
     with pytest.raises(InputError, match=re.escape(message)):
         ensemble_disagreement([[1e308], [-1e308]])
+    message = "`scores` must give a result representable in float64, got one beyond ~1.8e308 at sample 1"
     with pytest.raises(InputError, match=re.escape(message)):
-        ensemble_reward([[1e308], [-1e308]], "uwo")
+        ensemble_reward([[0.0, 1e308], [0.0, -1e308]], "uwo")
+
+
+def test_representable_results_of_huge_scores_are_returned():
+    # the sum overflows, the mean does not: it used to be refused as an overflow
+    np.testing.assert_array_equal(ensemble_reward([[1e308], [1e308]], "mean"), [1e308])
+    np.testing.assert_array_equal(ensemble_reward([[1.7e308], [1.7e308]], "median"), [1.7e308])
+    # the variance (1e616) is beyond float64, its square root is not
+    np.testing.assert_allclose(ensemble_disagreement([[1e308], [-1e308]], statistic="std"), 1e308, rtol=1e-15)
+    np.testing.assert_allclose(ensemble_reward([[1e308], [-1e308]], "mean_minus_std"), [-1e308], rtol=1e-15)
+    # tiny scores: the squares underflow to 0 in the plain formula, not after rescaling
+    np.testing.assert_allclose(
+        ensemble_disagreement([[1e-200], [-1e-200]], statistic="std"), 1e-200, rtol=1e-15
+    )
+    np.testing.assert_allclose(
+        ensemble_disagreement([[3e-310], [-3e-310]], statistic="std"), 3e-310, rtol=1e-9
+    )
+    # a zero coefficient never looks at the spread, even one beyond float64
+    np.testing.assert_array_equal(ensemble_reward([[1e308], [-1e308]], "uwo", coef=0.0), [0.0])
