@@ -47,14 +47,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from loopguard import signals
+from loopguard._saved_state import Fields, check_state_reals
 from loopguard._validation import (
     as_float_array,
     check_int,
     check_name,
+    describe,
     integer,
     real,
 )
-from loopguard.exceptions import ConfigError, LoopguardTypeError
+from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
 
 __all__ = [
     "HACK_LEVEL",
@@ -108,6 +110,8 @@ class Metric:
         warn: Excess that scores 0.10 (before the noise floor).
         hack: Excess that scores 0.30 (before the noise floor); must exceed ``warn``.
         unit: How to print the raw value in an explanation (``"{:.3f}"`` style).
+        domain: The closed interval every value of the statistic lies in (``None``: unbounded on that
+            side); a saved baseline outside it is refused when a state is loaded.
     """
 
     key: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -116,6 +120,7 @@ class Metric:
     warn: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
     hack: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
     unit: str = "{:.3f}"
+    domain: tuple[float | None, float | None] = (None, None)
 
     def __attrs_post_init__(self) -> None:
         """Check the band order."""
@@ -208,6 +213,17 @@ class Detector:
     def on_warmup_end(self, memory: dict[str, Any]) -> None:
         """Hook called once when the warm-up ends (e.g. to freeze a reference sample)."""
 
+    def check_memory(self, memory: object, path: str) -> dict[str, Any]:
+        """Validate the detector's saved ``memory`` (from a state being loaded); return a fresh copy.
+
+        The default detector keeps nothing between steps, so its memory must be empty.
+
+        Raises:
+            StateError: a key or value this detector could not have written (the message names ``path``).
+        """
+        Fields(memory, path, keys=())
+        return {}
+
 
 def _rows(value: Any) -> int:
     return len(value)
@@ -234,8 +250,8 @@ class Repetition(Detector):
     def metrics(self) -> tuple[Metric, ...]:
         """Mean repetition rate (absolute rise 0.10/0.20) and trapped share (absolute rise 0.05/0.15)."""
         return (
-            Metric("rate", "up", False, 0.10, 0.20),
-            Metric("trapped", "up", False, 0.05, 0.15, unit="{:.1%}"),
+            Metric("rate", "up", False, 0.10, 0.20, domain=(0.0, 1.0)),
+            Metric("trapped", "up", False, 0.05, 0.15, unit="{:.1%}", domain=(0.0, 1.0)),
         )
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
@@ -264,7 +280,7 @@ class Diversity(Detector):
 
     def metrics(self) -> tuple[Metric, ...]:
         """Corpus distinct-n, relative fall 0.10/0.30 (the predecessor's drop bands)."""
-        return (Metric("distinct", "down", True, 0.10, 0.30),)
+        return (Metric("distinct", "down", True, 0.10, 0.30, domain=(0.0, 1.0)),)
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Corpus distinct-n of the completions."""
@@ -291,8 +307,8 @@ class Length(Detector):
     def metrics(self) -> tuple[Metric, ...]:
         """Spearman rho(reward, length), absolute rise 0.2/0.4; mean length, relative rise 0.25/0.75."""
         return (
-            Metric("correlation", "up", False, 0.20, 0.40, unit="{:+.3f}"),
-            Metric("mean_length", "up", True, 0.25, 0.75, unit="{:.1f}"),
+            Metric("correlation", "up", False, 0.20, 0.40, unit="{:+.3f}", domain=(-1.0, 1.0)),
+            Metric("mean_length", "up", True, 0.25, 0.75, unit="{:.1f}", domain=(0.0, None)),
         )
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
@@ -319,6 +335,11 @@ class Collapse(Detector):
 
     Counted only while a primary detector is at WARN or above: a policy that solves every prompt also has
     zero-variance groups, and that is success, not collapse.
+
+    Groups come from ``Observation.group_size`` (equal groups) or ``Observation.group_sizes`` (ragged groups,
+    e.g. after a trainer left unscorable completions out). Groups of a single completion carry no spread
+    and are left out of both statistics; a step with no group of two or more completions is skipped, like
+    a step without group information.
     """
 
     name: ClassVar[str] = "collapse"
@@ -332,19 +353,21 @@ class Collapse(Detector):
     def metrics(self) -> tuple[Metric, ...]:
         """In-group std (relative fall 0.3/0.6), zero-std groups (rise 0.2/0.4), entropy (fall 0.2/0.4)."""
         return (
-            Metric("group_std", "down", True, 0.30, 0.60),
-            Metric("zero_std_groups", "up", False, 0.20, 0.40, unit="{:.1%}"),
-            Metric("entropy", "down", True, 0.20, 0.40),
+            Metric("group_std", "down", True, 0.30, 0.60, domain=(0.0, None)),
+            Metric("zero_std_groups", "up", False, 0.20, 0.40, unit="{:.1%}", domain=(0.0, 1.0)),
+            Metric("entropy", "down", True, 0.20, 0.40, domain=(0.0, None)),
         )
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Group statistics of the rewards, plus the mean entropy when the trainer reports it."""
         obs = data.observation
-        if obs.group_size is None:
-            return None
+        sizes = getattr(obs, "group_sizes", None)
+        layout: int | tuple[int, ...] | None = obs.group_size if sizes is None else tuple(sizes)
+        if layout is None or (isinstance(layout, tuple) and max(layout, default=0) < 2):
+            return None  # no group of two or more completions: nothing to measure this step
         raw = {
-            "group_std": float(np.mean(signals.group_reward_std(obs.rewards, obs.group_size, ddof=0))),
-            "zero_std_groups": signals.zero_std_group_fraction(obs.rewards, obs.group_size),
+            "group_std": float(np.mean(signals.group_reward_std(obs.rewards, layout, ddof=0))),
+            "zero_std_groups": signals.zero_std_group_fraction(obs.rewards, layout),
         }
         if obs.entropy is not None:
             raw["entropy"] = float(obs.entropy)
@@ -367,24 +390,32 @@ class RewardDrift(Detector):
 
     def metrics(self) -> tuple[Metric, ...]:
         """Standardised W1 distance to the warm-up rewards (absolute rise 0.5/1.0 reference scales)."""
-        return (Metric("wasserstein", "up", False, 0.50, 1.00), Metric("spread", "down", True, 0.25, 0.50))
+        return (
+            Metric("wasserstein", "up", False, 0.50, 1.00, domain=(0.0, None)),
+            Metric("spread", "down", True, 0.25, 0.50, domain=(0.0, None)),
+        )
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
-        """Distance to the reference rewards; during warm-up the reference is still being collected."""
+        """Distance to the reference rewards; during warm-up the reference is still being collected.
+
+        A constant reference (every warm-up reward equal, as with a sparse reward nobody has earned yet) has
+        no scale to standardise by: the distance is then left out for the step (only ``spread`` is scored),
+        rather than reported as infinitely many reference scales.
+        """
         rewards = data.observation.rewards
         reference = memory.setdefault("reference", [])
-        spread = float(np.std(rewards))
+        exponent = int(np.frexp(float(np.max(np.abs(rewards))))[1]) if len(rewards) else 0
+        spread = float(np.ldexp(np.std(np.ldexp(rewards, -exponent)), exponent))  # scaled: cannot overflow
         if not memory.get("frozen"):
             reference.extend(float(r) for r in rewards)
             del reference[: max(0, len(reference) - self.reference_size)]
             if len(reference) < 2 * len(rewards):
                 return {"wasserstein": 0.0, "spread": spread}
             # Leave-current-out distance, so warm-up values are comparable with later ones.
-            return {
-                "wasserstein": signals.reward_drift(rewards, reference[: -len(rewards)], standardize=True),
-                "spread": spread,
-            }
-        return {"wasserstein": signals.reward_drift(rewards, reference, standardize=True), "spread": spread}
+            distance = signals.reward_drift(rewards, reference[: -len(rewards)], standardize=True)
+        else:
+            distance = signals.reward_drift(rewards, reference, standardize=True)
+        return {"wasserstein": distance, "spread": spread} if math.isfinite(distance) else {"spread": spread}
 
     def combine(
         self, scores: Mapping[str, float], raw: Raw, baselines: Mapping[str, tuple[float, float]]
@@ -395,6 +426,24 @@ class RewardDrift(Detector):
     def on_warmup_end(self, memory: dict[str, Any]) -> None:
         """Freeze the reference sample."""
         memory["frozen"] = True
+
+    def check_memory(self, memory: object, path: str) -> dict[str, Any]:
+        """Memory: ``reference`` (at most ``reference_size`` finite rewards) and ``frozen``."""
+        fields = Fields(memory, path, keys=None)
+        unknown = sorted(set(fields.names()) - {"reference", "frozen"})
+        if unknown:
+            msg = f"`{path}` must have only the keys 'reference' and 'frozen', got unexpected {unknown}."
+            raise StateError(msg)
+        out: dict[str, Any] = {}
+        if "reference" in fields:
+            reference, size = fields.raw("reference"), self.reference_size
+            out["reference"] = check_state_reals(fields.name("reference"), reference, max_length=size)
+        if "frozen" in fields:
+            out["frozen"] = fields.flag("frozen")
+        if out.get("frozen") and len(out.get("reference", ())) < 2:
+            msg = f"`{path}` must hold a reference of at least 2 rewards once frozen, got {describe(memory)}."
+            raise StateError(msg)
+        return out
 
 
 @attrs.frozen
@@ -438,7 +487,7 @@ class RMEnsemble(Detector):
 
     def metrics(self) -> tuple[Metric, ...]:
         """Mean per-sample variance across members, relative rise 0.5/1.5."""
-        return (Metric("disagreement", "up", True, 0.50, 1.50, unit="{:.4g}"),)
+        return (Metric("disagreement", "up", True, 0.50, 1.50, unit="{:.4g}", domain=(0.0, None)),)
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Disagreement of this step's ensemble scores."""
@@ -505,8 +554,8 @@ class InfoRM(Detector):
     def metrics(self) -> tuple[Metric, ...]:
         """CSI per point (relative rise 0.5/1.5) or MOP (absolute rise 0.10/0.25)."""
         if self.statistic == "csi":
-            return (Metric("csi", "up", True, 0.50, 1.50, unit="{:.4g}"),)
-        return (Metric("mop", "up", False, 0.10, 0.25, unit="{:.1%}"),)
+            return (Metric("csi", "up", True, 0.50, 1.50, unit="{:.4g}", domain=(0.0, None)),)
+        return (Metric("mop", "up", False, 0.10, 0.25, unit="{:.1%}", domain=(0.0, 1.0)),)
 
     def _embeddings(self, data: StepData) -> NDArray[np.float64] | None:
         obs = data.observation
@@ -521,6 +570,34 @@ class InfoRM(Detector):
             return data.observation.reference_embeddings  # type: ignore[no-any-return]
         pool = memory.get("pool")
         return None if pool is None or not memory.get("frozen") else np.asarray(pool, dtype=np.float64)
+
+    def check_memory(self, memory: object, path: str) -> dict[str, Any]:
+        """Memory: reference ``pool`` (rows of one width), ``pool_steps``, ``frozen``, DBSCAN ``eps``."""
+        fields = Fields(memory, path, keys=None)
+        unknown = sorted(set(fields.names()) - {"pool", "pool_steps", "frozen", "eps"})
+        if unknown:
+            msg = f"`{path}` must have only the keys 'pool', 'pool_steps', 'frozen' and 'eps', got {unknown}."
+            raise StateError(msg)
+        out: dict[str, Any] = {}
+        if "pool" in fields:
+            rows = fields.items("pool", max_length=self.reference_size)
+            name = fields.name("pool")
+            pool = [check_state_reals(f"{name}[{index}]", row) for index, row in enumerate(rows)]
+            if pool and (len(pool[0]) == 0 or any(len(row) != len(pool[0]) for row in pool)):
+                widths = sorted({len(row) for row in pool})
+                msg = f"`{name}` must hold embeddings of one non-zero width, got widths {widths}."
+                raise StateError(msg)
+            out["pool"] = pool
+        if "pool_steps" in fields:
+            out["pool_steps"] = fields.integer("pool_steps", lo=0)
+        if "frozen" in fields:
+            out["frozen"] = fields.flag("frozen")
+        if "eps" in fields:
+            out["eps"] = fields.real("eps", lo=0.0, lo_inclusive=False)
+        if out.get("frozen") and not out.get("pool"):
+            msg = f"`{path}` must hold a reference pool once frozen, got {describe(memory)}."
+            raise StateError(msg)
+        return out
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """CSI or MOP of this step's embeddings against the reference."""

@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -40,17 +39,21 @@ import attrs
 import numpy as np
 from numpy.typing import NDArray
 
+from loopguard._saved_state import Fields, as_state_error, check_state_reals, check_state_text
 from loopguard._types import Action, Verdict
 from loopguard._validation import (
     MAX_ENSEMBLE_MEMBERS,
+    MAX_NAME_LENGTH,
     MAX_TRAJECTORIES,
     as_float_array,
+    as_group_sizes,
     as_int_array,
     check_bool,
     check_choice,
     check_int,
     check_real,
     describe,
+    scalar_value,
 )
 from loopguard.control import (
     AdaptiveKL,
@@ -71,14 +74,15 @@ from loopguard.detectors import (
     StepData,
     as_detectors,
 )
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.signals import TokenBatch, as_token_batch
 
-__all__ = ["Action", "Decision", "Guard", "Mode", "Observation", "Verdict"]
+__all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict"]
 
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
 Smoothing = Literal["none", "ema", "median"]
 VoteRule = Literal["mean", "max", "k_of_n", "conservative"]
+OnError = Literal["warn", "raise"]
 
 STATE_VERSION = 1
 _CONTROLLERS: dict[str, type[Any]] = {
@@ -92,12 +96,33 @@ _STATES: dict[str, Any] = {
     "adaptive_kl": AdaptiveKLState,
 }
 _MAX_BETA_HISTORY = 100
+_MAX_NOTES = 10_000
+_STATE_KEYS = (
+    "version",
+    "config",
+    "seen",
+    "detectors",
+    "vote",
+    "controller",
+    "ladder",
+    "beta",
+    "beta_history",
+    "said",
+    "stopped_reason",
+)
+_MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory")
 
 
 # ---------------------------------------------------------------------------------------------- Observation
 
 
 def _texts(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, np.ndarray) and value.dtype.kind in "UO":  # a numpy array of strings
+        if value.ndim != 1:
+            shape = value.shape
+            msg = f"`{name}` must be a 1-D list of strings (one per completion), got an array shaped {shape}."
+            raise InputError(msg)
+        value = value.tolist()
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         msg = f"`{name}` must be a list of strings, got {describe(value)}."
         raise LoopguardTypeError(msg)
@@ -112,12 +137,16 @@ def _texts(name: str, value: object) -> tuple[str, ...]:
 
 
 def _finite(name: str, value: object, lo: float | None = None) -> float:
-    if hasattr(value, "item") and not isinstance(value, (bool, np.bool_)):
-        value = value.item()
+    """A finite real scalar: a number, or a 0-d / one-element array or tensor (any device)."""
     try:
-        return check_real(name, value, lo=lo)
+        return check_real(name, scalar_value(name, value), lo=lo)
     except ConfigError as error:  # data, not configuration
         raise InputError(str(error)) from None
+
+
+def _integer(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    """An integer: a Python or numpy int, or a 0-d / one-element integer array or tensor."""
+    return check_int(name, scalar_value(name, value), lo=lo, hi=hi)
 
 
 def _beta(value: object) -> float:
@@ -126,6 +155,9 @@ def _beta(value: object) -> float:
         msg = "`beta` must be > 0 (a KL coefficient of 0 removes the reference model in TRL), got 0.0."
         raise InputError(msg)
     return beta
+
+
+_PER_COMPLETION = "[B] (one entry per completion; flatten a [B, 1] column with .reshape(-1))"
 
 
 @attrs.frozen(eq=False, init=False)
@@ -141,6 +173,9 @@ class Observation:
         lengths: Completion lengths in tokens, ``[B]``; derived from ``completion_ids`` (or words of
             ``completions``) when omitted.
         group_size: Completions per prompt (GRPO's ``num_generations``), laid out group-contiguous.
+        group_sizes: Sizes of consecutive prompt groups when they differ (e.g. after TRL left out
+            "unscorable" completions): ints ``>= 1`` that add up to ``B``. Mutually exclusive with
+            ``group_size``; groups of one completion carry no spread and are left out of group statistics.
         kl: The step's mean KL to the reference policy (required by ``mode="adaptive_kl"``).
         entropy: The step's mean token entropy.
         ensemble_scores: Reward-model ensemble scores, ``[K, B]``.
@@ -151,8 +186,13 @@ class Observation:
         prompts: Prompt text per completion, ``B`` strings (a gold judge needs them).
         beta: The trainer's current KL coefficient (> 0).
 
+    Arrays may be lists, numpy arrays or torch tensors on any device; scalars (``step``, ``group_size``,
+    ``kl``, ``entropy``, ``beta``) may also be 0-d or one-element arrays or tensors. Tensors on the ``meta``
+    device and masked arrays with a masked element are refused.
+
     Raises:
-        LoopguardTypeError, InputError: a field has the wrong type, shape, length or a non-finite value.
+        LoopguardTypeError, InputError: a field has the wrong type, shape, length or a non-finite value; the
+            message names the field and the expected shape.
 
     Example:
         >>> ids = [[1, 2], [3], [4, 4], [5]]
@@ -167,6 +207,7 @@ class Observation:
     completion_ids: TokenBatch | None
     lengths: NDArray[np.int64] | None
     group_size: int | None
+    group_sizes: tuple[int, ...] | None
     kl: float | None
     entropy: float | None
     ensemble_scores: NDArray[np.float64] | None
@@ -186,6 +227,7 @@ class Observation:
         completion_ids: object = None,
         lengths: object = None,
         group_size: int | None = None,
+        group_sizes: Sequence[int] | None = None,
         kl: float | None = None,
         entropy: float | None = None,
         ensemble_scores: object = None,
@@ -198,27 +240,46 @@ class Observation:
     ) -> None:
         """Validate and convert every field (see the class docstring)."""
         self.__attrs_init__(
-            step=check_int("step", step, lo=0),
-            rewards=as_float_array("rewards", rewards),
+            step=_integer("step", step, lo=0),
+            rewards=as_float_array("rewards", rewards, shape=_PER_COMPLETION),
             completions=None if completions is None else _texts("completions", completions),
             completion_ids=None
             if completion_ids is None
             else as_token_batch("completion_ids", completion_ids),
-            lengths=None if lengths is None else as_int_array("lengths", lengths, lo=0),
+            lengths=None
+            if lengths is None
+            else as_int_array("lengths", lengths, lo=0, shape=_PER_COMPLETION),
             group_size=None
             if group_size is None
-            else check_int("group_size", group_size, lo=2, hi=MAX_TRAJECTORIES),
+            else _integer("group_size", group_size, lo=2, hi=MAX_TRAJECTORIES),
+            group_sizes=None
+            if group_sizes is None
+            else tuple(as_group_sizes("group_sizes", group_sizes).tolist()),
             kl=None if kl is None else _finite("kl", kl),
             entropy=None if entropy is None else _finite("entropy", entropy, lo=0.0),
             ensemble_scores=None
             if ensemble_scores is None
-            else as_float_array("ensemble_scores", ensemble_scores, ndim=2, max_len=MAX_ENSEMBLE_MEMBERS),
-            embeddings=None if embeddings is None else as_float_array("embeddings", embeddings, ndim=2),
+            else as_float_array(
+                "ensemble_scores",
+                ensemble_scores,
+                ndim=2,
+                max_len=MAX_ENSEMBLE_MEMBERS,
+                shape="[K, B] (K reward models x B completions; wrap one model's scores as [scores])",
+            ),
+            embeddings=None
+            if embeddings is None
+            else as_float_array("embeddings", embeddings, ndim=2, shape="[N, D] (one row per response)"),
             reference_embeddings=None
             if reference_embeddings is None
-            else as_float_array("reference_embeddings", reference_embeddings, ndim=2),
-            gold=None if gold is None else as_float_array("gold", gold),
-            gold_indices=None if gold_indices is None else as_int_array("gold_indices", gold_indices, lo=0),
+            else as_float_array(
+                "reference_embeddings", reference_embeddings, ndim=2, shape="[M, D] (one row per response)"
+            ),
+            gold=None
+            if gold is None
+            else as_float_array("gold", gold, shape="[G] (one score per audited completion)"),
+            gold_indices=None
+            if gold_indices is None
+            else as_int_array("gold_indices", gold_indices, lo=0, shape="[G] (batch positions of `gold`)"),
             prompts=None if prompts is None else _texts("prompts", prompts),
             beta=None if beta is None else _beta(beta),
         )
@@ -240,6 +301,15 @@ class Observation:
         if self.group_size is not None and size % self.group_size:
             msg = f"`group_size` must divide the batch size ({size}), got {self.group_size}."
             raise InputError(msg)
+        if self.group_sizes is not None:
+            if self.group_size is not None:
+                msg = (
+                    "`group_sizes` must not be given together with `group_size` (pass one: `group_size` for "
+                    f"equal groups, `group_sizes` for ragged ones), got group_size={self.group_size} and "
+                    f"group_sizes={describe(self.group_sizes)}."
+                )
+                raise InputError(msg)
+            as_group_sizes("group_sizes", np.asarray(self.group_sizes, dtype=np.int64), total=size)
         if (
             self.embeddings is not None
             and self.reference_embeddings is not None
@@ -287,7 +357,9 @@ class Decision:
         explanation: Plain English with the numbers: what tripped, what was done, what the user can change.
         raw: The raw statistics measured this step, keyed ``"<signal>.<statistic>"``.
         components: The controller's and ladder's numbers behind the action.
-        notes: One-time notes of this step (a default signal skipped for a missing input, a detector failure).
+        notes: One-time notes of this step (e.g. a default signal skipped for a missing input).
+        errors: What failed inside the Guard this step (a detector that raised or measured a non-finite
+            statistic; it was skipped for this step). Empty on a healthy step; see ``on_error``.
         warming_up: True while the Guard is still collecting its warm-up baselines.
     """
 
@@ -302,11 +374,12 @@ class Decision:
     raw: dict[str, float] = attrs.field(factory=dict)
     components: dict[str, float] = attrs.field(factory=dict)
     notes: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
     warming_up: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Return the decision as plain JSON types (for logs and metrics)."""
-        return attrs.asdict(self, recurse=False) | {"notes": list(self.notes)}
+        return attrs.asdict(self, recurse=False) | {"notes": list(self.notes), "errors": list(self.errors)}
 
 
 # -------------------------------------------------------------------------------------------------- Guard
@@ -323,6 +396,7 @@ class _Reading:
     scores: dict[str, float] = attrs.field(factory=dict)
     raw: dict[str, float] = attrs.field(factory=dict)
     notes: list[str] = attrs.field(factory=list)
+    errors: list[str] = attrs.field(factory=list)
     warming: bool = False
     drift_held: bool = False
 
@@ -338,6 +412,22 @@ class _DetectorMemory:
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False)
+
+
+@attrs.define
+class DecodedState:
+    """A Guard's whole memory, decoded and validated by :meth:`Guard.decode_state`, not yet applied."""
+
+    config: dict[str, Any]
+    seen: int
+    memories: dict[str, _DetectorMemory]
+    vote: float
+    controller_state: Any
+    ladder_state: LadderState | None
+    beta: float | None
+    beta_history: list[list[float]]
+    said: set[str]
+    stopped_reason: str | None
 
 
 def _fmt(value: float | None) -> str:
@@ -376,6 +466,9 @@ class Guard:
         sigma_warn: Noise floor of the WARN band, in warm-up noise scales.
         sigma_hack: Noise floor of the HACK band, in warm-up noise scales.
         drift_guard: Keep the vote from falling while the reward distribution degenerates (drift signal).
+        on_error: What a failure inside a detector does: ``"warn"`` (default: the detector is skipped for
+            that step, a ``RuntimeWarning`` names the step and the error every time, and the failure is
+            carried on ``Decision.errors``) or ``"raise"`` (the exception propagates: fatal).
 
     Raises:
         ConfigError, LoopguardTypeError: a bad argument, an unknown signal, ``halt_on_hack`` without a
@@ -403,6 +496,7 @@ class Guard:
         sigma_warn: float = 3.0,
         sigma_hack: float = 5.0,
         drift_guard: bool = True,
+        on_error: OnError = "warn",
     ) -> None:
         """Validate the configuration eagerly (see the class docstring)."""
         self.mode: Mode = check_choice("mode", mode, get_args(Mode))  # type: ignore[assignment]
@@ -426,6 +520,7 @@ class Guard:
             msg = f"`sigma_hack` must be >= sigma_warn ({self.sigma_warn}), got {self.sigma_hack}."
             raise ConfigError(msg)
         self.drift_guard = check_bool("drift_guard", drift_guard)
+        self.on_error: OnError = check_choice("on_error", on_error, get_args(OnError))  # type: ignore[assignment]
         self.base_beta = None if beta is None else _config_beta(beta)
 
         voters = [d for d in self.detectors if d.role != "guard"]
@@ -473,7 +568,6 @@ class Guard:
         self._beta_history: list[list[float]] = []
         self._said: set[str] = set()
         self._stopped_reason: str | None = None
-        self._warned: set[str] = set()
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
@@ -507,48 +601,211 @@ class Guard:
             "stopped_reason": self._stopped_reason,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore memory saved by :meth:`state_dict` of a Guard with the same configuration.
+    def load_state_dict(self, state: Mapping[str, Any] | DecodedState) -> None:
+        """Restore memory saved by :meth:`state_dict` of a Guard with the same configuration: all or nothing.
+
+        ``state`` may also be what :meth:`decode_state` returned for this Guard's configuration.
+
+        Every field is checked before anything is applied: exact keys (unknown keys are refused), types,
+        finiteness, ranges (a baseline must lie in its statistic's domain, a score in [0, 1]), and the
+        invariants every reachable state satisfies (beta equals the controller's beta and fits its bounds,
+        a warm-up buffer is empty once a baseline exists, a stopped ladder means a stopped Guard, ...).
 
         Raises:
-            LoopguardTypeError: ``state`` is not a mapping.
-            ConfigError: another state version, or a Guard configured differently (the message names the
-                field that differs), or a malformed payload.
+            StateError: a malformed or unreachable state, another state version, or a state saved by a Guard
+                configured differently (the message names the field). The Guard is then unchanged.
+
+        Example:
+            >>> guard = Guard(mode="kl_control", beta=0.04, warmup_steps=3)
+            >>> saved = guard.state_dict()
+            >>> saved["vote"] = float("nan")
+            >>> guard.load_state_dict(saved)
+            Traceback (most recent call last):
+            ...
+            loopguard.exceptions.StateError: `state['vote']` must be finite, got nan.
         """
-        if not isinstance(state, Mapping):
-            msg = f"`state` must be a dict from Guard.state_dict(), got {type(state).__name__}."
-            raise LoopguardTypeError(msg)
-        if state.get("version") != STATE_VERSION:
-            msg = f"`state['version']` must be {STATE_VERSION}, got {state.get('version')!r}."
-            raise ConfigError(msg)
-        saved, current = state.get("config", {}), self._fingerprint()
+        if isinstance(state, DecodedState):
+            if state.config != self._fingerprint():
+                current = self._fingerprint()
+                msg = f"`state` was decoded for a Guard configured as {state.config}, not {current}."
+                raise StateError(msg)
+            self._apply_memory(state)
+            return
+        self._apply_memory(self.decode_state(state))
+
+    def decode_state(self, state: object) -> DecodedState:
+        """Validate a saved state against this Guard and return it decoded, without applying it.
+
+        :meth:`load_state_dict` is decode then apply; adapters that restore more than the Guard decode every
+        part first and pass the result to :meth:`load_state_dict`, so nothing is applied unless all is valid.
+
+        Raises:
+            StateError: see :meth:`load_state_dict`.
+        """
+        fields = Fields(state, "state", keys=None)
+        version = fields.raw("version") if "version" in fields else None
+        if isinstance(version, bool) or version != STATE_VERSION:
+            msg = f"`state['version']` must be {STATE_VERSION}, got {describe(version)}."
+            raise StateError(msg)
+        fields = Fields(state, "state", keys=_STATE_KEYS)
+        saved, current = fields.sub("config", keys=None), self._fingerprint()
         for key, value in current.items():
-            if saved.get(key) != value:
+            if key not in saved or saved.raw(key) != value:
                 msg = (
-                    f"`state` was saved by a Guard with {key}={saved.get(key)!r}, "
+                    f"`state` was saved by a Guard with {key}={saved.raw(key) if key in saved else None!r}, "
                     f"but this Guard has {key}={value!r}."
                 )
-                raise ConfigError(msg)
-        try:
-            state = json.loads(json.dumps(state))  # a deep, JSON-only copy: no aliasing with the caller
-            memories = {
-                name: _DetectorMemory(**state["detectors"][name]) for name in (d.name for d in self.detectors)
-            }
-            controller_state = None
-            if state["controller"] is not None:
-                controller_state = _STATES[self.mode].from_dict(state["controller"])
-            ladder_state = None if state["ladder"] is None else LadderState.from_dict(state["ladder"])
-            seen = check_int("state['seen']", state["seen"], lo=0)
-            vote = check_real("state['vote']", state["vote"], lo=0.0, hi=1.0)
-            beta = None if state["beta"] is None else _config_beta(state["beta"])
-        except (KeyError, TypeError) as error:
-            msg = f"`state` must be a dict from Guard.state_dict(), got a malformed payload ({error!r})."
-            raise ConfigError(msg) from None
-        self._seen, self._memories, self._vote = seen, memories, vote
-        self._controller_state, self._ladder_state, self._beta = controller_state, ladder_state, beta
-        self._beta_history = [list(entry) for entry in state["beta_history"]]
-        self._said = set(state["said"])
-        self._stopped_reason = state["stopped_reason"]
+                raise StateError(msg)
+        Fields(saved.payload, saved.path, keys=current)  # no unknown configuration keys either
+        seen = fields.integer("seen", lo=0)
+        detectors = fields.sub("detectors", keys=[d.name for d in self.detectors])
+        memories = {
+            d.name: self._decode_memory(d, detectors.sub(d.name, keys=_MEMORY_KEYS), seen)
+            for d in self.detectors
+        }
+        vote = fields.real("vote", lo=0.0, hi=1.0)
+        controller_state = self._decode_controller(fields, seen)
+        ladder_state = self._decode_ladder(fields, seen)
+        beta = fields.real("beta", lo=0.0, lo_inclusive=False, optional=True)
+        if controller_state is not None and beta != controller_state.beta:
+            msg = f"`state['beta']` must equal the controller's beta {controller_state.beta!r}, got {beta!r}."
+            raise StateError(msg)
+        if self.controller is not None and seen and controller_state is None:
+            msg = f"`state['controller']` must hold the controller's state after {seen} step(s), got None."
+            raise StateError(msg)
+        history = []
+        for index, entry in enumerate(fields.items("beta_history", max_length=_MAX_BETA_HISTORY)):
+            name = f"state['beta_history'][{index}]"
+            pair = check_state_reals(name, entry, lo=0.0, max_length=2)
+            if len(pair) != 2 or not float(pair[0]).is_integer() or pair[1] <= 0.0:
+                rule = "[step, beta] with an integer step >= 0 and beta > 0"
+                msg = f"`{name}` must be {rule}, got {describe(entry)}."
+                raise StateError(msg)
+            history.append([int(pair[0]), pair[1]])
+        said = [
+            check_state_text(f"state['said'][{index}]", key, max_length=MAX_NAME_LENGTH * 4)
+            for index, key in enumerate(fields.items("said", max_length=_MAX_NOTES))
+        ]
+        stopped_reason = fields.text("stopped_reason", optional=True)
+        if ladder_state is not None and ladder_state.stopped and stopped_reason is None:
+            msg = "`state['stopped_reason']` must explain the stop the ladder recorded, got None."
+            raise StateError(msg)
+        return DecodedState(
+            config=current,
+            seen=seen,
+            memories=memories,
+            vote=vote,
+            controller_state=controller_state,
+            ladder_state=ladder_state,
+            beta=beta,
+            beta_history=history,
+            said=set(said),
+            stopped_reason=stopped_reason,
+        )
+
+    def _decode_memory(self, detector: Detector, fields: Fields, seen: int) -> _DetectorMemory:
+        metrics = {metric.key: metric for metric in detector.metrics()}
+        warm_fields = fields.sub("warm", keys=None)
+        warm: dict[str, list[float]] = {}
+        for key in warm_fields.names():
+            if key not in metrics:
+                known = sorted(metrics)
+                msg = f"`{warm_fields.name(key)}` is not a statistic of {detector.name!r} ({known})."
+                raise StateError(msg)
+            lo, hi = metrics[key].domain
+            warm[key] = check_state_reals(
+                warm_fields.name(key), warm_fields.raw(key), lo=lo, hi=hi, max_length=max(seen, 0)
+            )
+        baseline: dict[str, list[float]] | None = None
+        if fields.raw("baseline") is not None:
+            base_fields = fields.sub("baseline", keys=None)
+            if not base_fields.names() or warm:
+                msg = (
+                    f"`{base_fields.path}` must hold at least one statistic, and the warm-up buffer must be "
+                    f"empty once it exists, got {sorted(base_fields.names())} with warm-up {sorted(warm)}."
+                )
+                raise StateError(msg)
+            baseline = {}
+            for key in base_fields.names():
+                name = base_fields.name(key)
+                if key not in metrics:
+                    msg = f"`{name}` is not a statistic of {detector.name!r} ({sorted(metrics)})."
+                    raise StateError(msg)
+                pair = check_state_reals(name, base_fields.raw(key), max_length=2)
+                lo, hi = metrics[key].domain
+                if (
+                    len(pair) != 2
+                    or pair[1] < 0.0
+                    or (lo is not None and pair[0] < lo)
+                    or (hi is not None and pair[0] > hi)
+                ):
+                    msg = (
+                        f"`{name}` must be [median, scale] with the median in {metrics[key].domain} and a "
+                        f"scale >= 0, got {describe(base_fields.raw(key))}."
+                    )
+                    raise StateError(msg)
+                baseline[key] = pair
+        window = self.smoothing_window if self.smoothing == "median" else 1
+        name = fields.name("recent")
+        recent = check_state_reals(name, fields.raw("recent"), lo=0.0, hi=1.0, max_length=window)
+        if recent and baseline is None:
+            msg = f"`{name}` must be empty before the baseline exists, got {describe(recent)}."
+            raise StateError(msg)
+        return _DetectorMemory(
+            warm=warm,
+            baseline=baseline,
+            recent=recent,
+            score=fields.real("score", lo=0.0, hi=1.0),
+            smoothed=fields.real("smoothed", lo=0.0, hi=1.0),
+            memory=detector.check_memory(fields.raw("memory"), fields.name("memory")),
+        )
+
+    def _decode_controller(self, fields: Fields, seen: int) -> Any:
+        payload = fields.raw("controller")
+        if payload is None:
+            return None
+        if self.controller is None:
+            msg = f"`state['controller']` must be None for mode={self.mode!r}, got {describe(payload)}."
+            raise StateError(msg)
+        state = _STATES[self.mode].from_dict(payload)
+        with as_state_error():
+            self.controller.validate(state)
+        if state.step > seen:
+            msg = f"`state['controller']['step']` must be <= the steps seen ({seen}), got {state.step}."
+            raise StateError(msg)
+        if self.base_beta is not None and state.base_beta != self.base_beta:
+            msg = (
+                f"`state` was saved by a Guard with beta={state.base_beta!r}, but this Guard has "
+                f"beta={self.base_beta!r}."
+            )
+            raise StateError(msg)
+        return state
+
+    def _decode_ladder(self, fields: Fields, seen: int) -> LadderState | None:
+        payload = fields.raw("ladder")
+        if (payload is None) != (self.ladder is None):
+            msg = (
+                f"`state['ladder']` must be {'None' if self.ladder is None else 'a LadderState'} for this "
+                f"Guard, got {describe(payload)}."
+            )
+            raise StateError(msg)
+        if payload is None or self.ladder is None:
+            return None
+        state = LadderState.from_dict(payload)
+        with as_state_error():
+            self.ladder.validate(state)
+        if state.step > seen:
+            msg = f"`state['ladder']['step']` must be <= the steps seen ({seen}), got {state.step}."
+            raise StateError(msg)
+        return state
+
+    def _apply_memory(self, memory: DecodedState) -> None:
+        self._seen, self._memories, self._vote = memory.seen, memory.memories, memory.vote
+        self._controller_state, self._ladder_state = memory.controller_state, memory.ladder_state
+        self._beta, self._beta_history = memory.beta, memory.beta_history
+        if self.base_beta is None and memory.controller_state is not None:
+            self.base_beta = memory.controller_state.base_beta
+        self._said, self._stopped_reason = memory.said, memory.stopped_reason
 
     @property
     def beta(self) -> float | None:
@@ -562,34 +819,45 @@ class Guard:
 
     # ------------------------------------------------------------------------------------------ step
 
-    def _warn_once(self, key: str, message: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
-
     def _note_once(self, key: str, message: str, notes: list[str]) -> None:
         if key not in self._said:
             self._said.add(key)
             notes.append(message)
 
-    def _measure(self, detector: Detector, data: StepData, notes: list[str]) -> dict[str, float] | None:
+    def _measure(self, detector: Detector, data: StepData, reading: _Reading) -> dict[str, float] | None:
         memory = self._memories[detector.name]
+        step = data.observation.step
         try:
             raw = detector.measure(data, memory.memory)
-        except Exception as error:  # a detector must never take training down; skip it and say so once
-            message = f"signal {detector.name!r} failed and was skipped: {type(error).__name__}: {error}"
-            self._warn_once(f"fail:{detector.name}", message)
-            self._note_once(f"fail:{detector.name}", message, notes)
+        except Exception as error:  # the failure policy: loud every time, fatal with on_error="raise"
+            if self.on_error == "raise":
+                raise
+            what = f"{type(error).__name__}: {error}"
+            self._fail(reading, f"signal {detector.name!r} failed at step {step}, skipped for it: {what}")
             return None
         if raw is None:
             self._note_once(
                 f"skip:{detector.name}",
                 f"signal {detector.name!r} skipped: this step has no {detector.needs}",
-                notes,
+                reading.notes,
             )
             return None
-        finite = {key: value for key, value in raw.items() if math.isfinite(value)}
-        return finite
+        bad = sorted(key for key, value in raw.items() if not math.isfinite(value))
+        if bad:
+            message = (
+                f"signal {detector.name!r} measured a non-finite {', '.join(bad)} at step {step}; those "
+                "statistics were skipped for it"
+            )
+            if self.on_error == "raise":
+                raise InputError(message)
+            self._fail(reading, message)
+        return {key: value for key, value in raw.items() if key not in bad}
+
+    def _fail(self, reading: _Reading, message: str) -> None:
+        """A part of the Guard failed this step: warn (every time) and carry it on the decision."""
+        reading.errors.append(message)
+        text = f"loopguard: {message} (on_error='raise' makes this fatal)"
+        warnings.warn(text, RuntimeWarning, stacklevel=4)
 
     def _score(self, detector: Detector, raw: dict[str, float], warming: bool) -> float | None:
         """Update the detector's warm-up buffer or score against its baseline; None while warming."""
@@ -684,7 +952,7 @@ class Guard:
         reading.warming = self._seen <= self.warmup_steps
         data = StepData(observation, warmup_steps=self.warmup_steps)
         for detector in self.detectors:
-            raw = self._measure(detector, data, reading.notes)
+            raw = self._measure(detector, data, reading)
             memory = self._memories[detector.name]
             if raw is None:
                 if detector.holds and memory.baseline is not None and memory.recent:
@@ -874,6 +1142,7 @@ class Guard:
             raw=dict(reading.raw),
             components=dict(components or {}),
             notes=tuple(reading.notes),
+            errors=tuple(reading.errors),
             warming_up=reading.warming,
         )
 

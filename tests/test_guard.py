@@ -18,6 +18,7 @@ from loopguard import (
     Observation,
     PIDLagrangian,
     RMEnsemble,
+    StateError,
 )
 
 WORDS = [f"w{i}" for i in range(200)]
@@ -334,7 +335,7 @@ def test_missing_default_inputs_are_skipped_and_noted_once():
     assert second.notes == ()
 
 
-def test_a_failing_detector_warns_once_and_training_goes_on():
+def test_a_failing_detector_is_loud_at_every_step_and_training_goes_on():
     calls = []
 
     def broken(texts):
@@ -343,14 +344,30 @@ def test_a_failing_detector_warns_once_and_training_goes_on():
 
     guard = Guard(signals=["repetition", InfoRM(embed_fn=broken)], beta=0.01)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+        warnings.simplefilter("default")  # Python's own default: identical messages would be shown once
         first = guard.step(Observation(0, [0.0, 1.0], completions=["a b", "c d"]))
-        guard.step(Observation(1, [0.0, 1.0], completions=["a b", "c d"]))
+        second = guard.step(Observation(1, [0.0, 1.0], completions=["a b", "c d"]))
     assert len(calls) == 2
-    assert [str(w.message) for w in caught] == [
-        "signal 'info_rm' failed and was skipped: RuntimeError: encoder offline"
+    expected = [
+        f"loopguard: signal 'info_rm' failed at step {step}, skipped for it: RuntimeError: encoder offline "
+        "(on_error='raise' makes this fatal)"
+        for step in (0, 1)
     ]
-    assert first.notes == ("signal 'info_rm' failed and was skipped: RuntimeError: encoder offline",)
+    assert [str(w.message) for w in caught] == expected  # every time, not once
+    assert first.errors == ("signal 'info_rm' failed at step 0, skipped for it: RuntimeError: encoder offline",)
+    assert second.errors == ("signal 'info_rm' failed at step 1, skipped for it: RuntimeError: encoder offline",)
+    assert "repetition.rate" in second.raw  # the other signals still ran
+
+
+def test_on_error_raise_makes_a_detector_failure_fatal():
+    def broken(texts):
+        raise RuntimeError("encoder offline")
+
+    guard = Guard(signals=["repetition", InfoRM(embed_fn=broken)], beta=0.01, on_error="raise")
+    with pytest.raises(RuntimeError, match="encoder offline"):
+        guard.step(Observation(0, [0.0, 1.0], completions=["a b", "c d"]))
+    with pytest.raises(ConfigError, match=re.escape("`on_error` must be one of")):
+        Guard(on_error="ignore")
 
 
 # ------------------------------------------------------------------------------------------------- state
@@ -380,9 +397,9 @@ def test_load_state_refuses_another_configuration():
         Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
     with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 1, got 7.")):
         Guard(beta=0.01).load_state_dict({**saved, "version": 7})
-    with pytest.raises(ConfigError, match="malformed payload"):
+    with pytest.raises(StateError, match=re.escape("`state['detectors']` must have exactly the keys ['collapse', 'diversity', 'drift', 'length', 'repetition'], got missing ['collapse', 'diversity', 'drift', 'length', 'repetition'], unexpected []")):
         Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})
-    with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be a dict from Guard.state_dict(), got list.")):
+    with pytest.raises(StateError, match=re.escape("`state` must be a JSON object, got [] of type list.")):
         Guard(beta=0.01).load_state_dict([])
 
 

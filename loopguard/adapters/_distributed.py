@@ -81,6 +81,7 @@ def decision_from_dict(payload: Mapping[str, Any]) -> Decision:
 
     values = dict(payload)
     values["notes"] = tuple(values.get("notes", ()))
+    values["errors"] = tuple(values.get("errors", ()))
     return Decision(**values)
 
 

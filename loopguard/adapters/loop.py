@@ -23,17 +23,21 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from loopguard._saved_state import decode_rollbacks, open_state
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 
 if TYPE_CHECKING:
     from loopguard.guard import Decision, Guard, Observation
 
 __all__ = ["Applied", "LoopGuard", "apply_decision"]
+
+_STATE_KIND = "loopguard.LoopGuard"
+_STATE_KEYS = ("kind", "version", "guard", "onset", "rollbacks")
 
 
 @attrs.frozen
@@ -226,25 +230,25 @@ class LoopGuard:
     def state_dict(self) -> dict[str, Any]:
         """The Guard's state, the onset and the rollbacks, as plain JSON."""
         return {
-            "kind": "loopguard.LoopGuard",
+            "kind": _STATE_KIND,
             "version": 1,
             "guard": self.guard.state_dict(),
             "onset": self.onset,
             "rollbacks": [dict(entry) for entry in self.rollbacks],
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (and write the Guard's beta through the setter).
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (and write the Guard's beta through the setter): all or nothing.
 
         Raises:
-            ValueError: not a LoopGuard state.
+            StateError: not a LoopGuard state of this version, unknown or missing keys, a bad value, or a
+                Guard state that does not fit this Guard. Nothing is changed then.
         """
-        if not isinstance(state, dict) or state.get("kind") != "loopguard.LoopGuard":
-            msg = "`state` must be a LoopGuard.state_dict()."
-            raise ValueError(msg)
-        self.guard.load_state_dict(state["guard"])
-        onset = state.get("onset")
-        self.onset = onset if isinstance(onset, int) and not isinstance(onset, bool) else None
-        self.rollbacks = [{str(k): int(v) for k, v in entry.items()} for entry in state.get("rollbacks", [])]
+        fields = open_state(state, kind=_STATE_KIND, version=1, keys=_STATE_KEYS, owner="LoopGuard")
+        guard = self.guard.decode_state(fields.raw("guard"))
+        onset = fields.integer("onset", lo=0, optional=True)
+        rollbacks = decode_rollbacks(fields)
+        self.guard.load_state_dict(guard)
+        self.onset, self.rollbacks = onset, rollbacks
         if self.set_beta is not None and self.guard.beta is not None and self.guard.mode != "log_only":
             self.set_beta(float(self.guard.beta))

@@ -41,14 +41,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from loopguard._saved_state import open_state
 from loopguard._validation import check_real, describe
 from loopguard.adapters._distributed import RankSync, synced_step
-from loopguard.exceptions import ConfigError, LoopguardTypeError
+from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
 from loopguard.guard import Decision, Guard, Observation
 
 __all__ = ["GuardedKLController"]
 
 STATE_KIND = "loopguard.GuardedKLController"
+STATE_VERSION = 1
+_STATE_KEYS = ("kind", "version", "value", "last_kl", "n_steps", "observed", "guard")
 
 
 class GuardedKLController:
@@ -162,7 +165,7 @@ class GuardedKLController:
         """The controller's state as plain JSON."""
         return {
             "kind": STATE_KIND,
-            "version": 1,
+            "version": STATE_VERSION,
             "value": self._value,
             "last_kl": self.last_kl,
             "n_steps": self.n_steps,
@@ -171,16 +174,24 @@ class GuardedKLController:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output.
+        """Restore :meth:`state_dict` output: every field checked first, then all applied, or nothing.
 
         Raises:
-            ConfigError: not a GuardedKLController state.
+            StateError: not a GuardedKLController state of this version, unknown or missing keys, a value of
+                the wrong type or out of range (``value`` must be a finite coefficient > 0 and equal the
+                Guard's beta), or a Guard state that does not fit this Guard. The controller is then
+                unchanged.
         """
-        if not isinstance(state, Mapping) or state.get("kind") != STATE_KIND:
-            msg = f"`state` must be a GuardedKLController.state_dict(), got {describe(state)}."
-            raise ConfigError(msg)
-        self.guard.load_state_dict(state["guard"])
-        self._value = float(state["value"])
-        self.last_kl = None if state.get("last_kl") is None else float(state["last_kl"])
-        self.n_steps = int(state.get("n_steps", 0))
-        self._observed = int(state.get("observed", 0))
+        fields = open_state(
+            state, kind=STATE_KIND, version=STATE_VERSION, keys=_STATE_KEYS, owner="GuardedKLController"
+        )
+        value = fields.real("value", lo=0.0, lo_inclusive=False)
+        last_kl = fields.real("last_kl", lo=0.0, optional=True)
+        n_steps = fields.integer("n_steps", lo=0)
+        observed = fields.integer("observed", lo=0)
+        guard = self.guard.decode_state(fields.raw("guard"))
+        if guard.beta is not None and guard.beta != value:
+            msg = f"`state['value']` must equal the Guard's beta {guard.beta!r}, got {value!r}."
+            raise StateError(msg)
+        self.guard.load_state_dict(guard)
+        self._value, self.last_kl, self.n_steps, self._observed = value, last_kl, n_steps, observed
