@@ -8,9 +8,10 @@ Subcommands:
   runs it: the policy and the reward model (``num_labels=1``) are folders saved with ``save_pretrained``
   (tokenizers included); prompts are a ``.jsonl`` file with a ``"prompt"`` field, or a text file with one
   prompt per line. Rerunning resumes after the last finished round.
-* ``loopguard report LOG [-o OUT.png|OUT.html] [--skip-corrupt]`` prints a plain-English summary of a
-  mitigation log (what tripped and when, every action, the outcome); with ``-o`` it also draws beta, the vote
-  and each signal's score over steps to a PNG, or to an HTML page with the summary and the actions'
+* ``loopguard report LOG [-o OUT.png|OUT.html] [--skip-corrupt] [--run ID]`` prints a plain-English summary
+  of a mitigation log (what tripped and when, every action, the outcome), run by run when several runs
+  appended to it; with ``-o`` it also draws one run (``--run``, default the newest) -- beta, the vote and
+  each signal's score over steps -- to a PNG, or to an HTML page with the summary and the actions'
   explanations (needs the ``plot`` extra: matplotlib). Only ``LOG`` itself is read, not its rotated files.
 
 ``import loopguard.cli`` is light: torch, transformers and TRL are imported only by a command that trains, and
@@ -88,6 +89,11 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument(
         "--skip-corrupt", action="store_true", help="skip corrupt lines (with a warning) instead of failing"
     )
+    report.add_argument(
+        "--run",
+        metavar="ID",
+        help="only this run of a shared log (default: every run in the text; the newest in the figure)",
+    )
     return parser
 
 
@@ -112,11 +118,18 @@ def _report(args: argparse.Namespace) -> int:
         )
         msg = f"`LOG` must hold at least one record, got an empty mitigation log {path!r}{rotated}."
         raise ConfigError(msg)
-    summary = summarize(records)
-    written = None if args.output is None else render_report(records, args.output)
+    from loopguard.log import split_runs
+
+    summary = summarize(records, run=args.run)
+    drawn, note = args.run, ""
+    runs = split_runs(records)
+    if args.output is not None and drawn is None and len(runs) > 1:
+        drawn = next((one.run for one in reversed(runs) if one.records), runs[-1].run)
+        note = f" (run {drawn}, the newest of {len(runs)}; --run ID draws another)"
+    written = None if args.output is None else render_report(records, args.output, run=drawn)
     print(summary)
     if written is not None:
-        print(f"wrote {written}")
+        print(f"wrote {written}{note}")
     return 0
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import attrs
 import numpy as np
 
+from loopguard._run import check_run_id
 from loopguard._types import ACTIONS, VERDICTS, Action, Verdict
 from loopguard._validation import (
     MAX_NAME_LENGTH,
@@ -80,6 +81,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIONS",
+    "EVENTS",
     "LOG_SCHEMA_VERSION",
     "MAX_EXPLANATION_LENGTH",
     "MAX_EXTRA_DEPTH",
@@ -89,13 +91,21 @@ __all__ = [
     "Action",
     "MitigationLog",
     "MitigationRecord",
+    "RunLog",
     "Verdict",
     "read_mitigation_log",
     "redact_secrets",
+    "split_runs",
 ]
 
-LOG_SCHEMA_VERSION = 1
-"""Version written in every record's ``"schema"`` key; readers refuse records from a newer version."""
+LOG_SCHEMA_VERSION = 2
+"""Version written in every record's ``"schema"`` key; readers refuse records from a newer version.
+
+Version 2 added ``run`` and ``event``; version-1 records still read (as decisions of an unnamed run)."""
+
+EVENTS: tuple[str, ...] = ("decision", "start", "resume", "error")
+"""What a record is: a Guard ``decision`` for one step, or the ``start`` / ``resume`` of a training session,
+or an ``error`` inside loopguard while training ran (the failure policy's durable trace)."""
 
 MAX_EXPLANATION_LENGTH = 4096
 """Longest accepted ``explanation``, in characters."""
@@ -158,6 +168,8 @@ _SECRET = re.compile(
     re.ASCII | re.VERBOSE,
 )
 _FIELD_ORDER = (
+    "run",
+    "event",
     "step",
     "mode",
     "verdict",
@@ -172,7 +184,10 @@ _FIELD_ORDER = (
     "repetition",
     "explanation",
 )
-_REQUIRED_ON_DISK = frozenset(("schema", "ts", *_FIELD_ORDER))
+_REQUIRED_ON_DISK = {
+    1: frozenset(("schema", "ts", *(name for name in _FIELD_ORDER if name not in ("run", "event")))),
+    2: frozenset(("schema", "ts", *_FIELD_ORDER)),
+}
 # Every secret _SECRET matches contains one of these ASCII fragments, which JSON never escapes: a record
 # whose serialised text has none of them needs no redaction pass (the common case, and the fast path).
 # Keep it a superset when _SECRET grows: a hypothesis test checks it on strings and on their JSON text.
@@ -401,9 +416,14 @@ def _check_step(_instance: Any, _attribute: Any, value: Any) -> None:
     check_int("step", value, lo=0)
 
 
+def _check_run(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value is not None:
+        check_run_id("run", value)
+
+
 @attrs.frozen
 class MitigationRecord:
-    """One step of the mitigation log (schema version :data:`LOG_SCHEMA_VERSION`).
+    """One record of the mitigation log (schema version :data:`LOG_SCHEMA_VERSION`): a decision, or an event.
 
     On disk a record is one JSON object on one line, keys in this order: ``schema`` (int), ``ts`` (ISO-8601
     UTC time with milliseconds, e.g. ``"2026-05-09T07:35:25.123Z"``, written by :class:`MitigationLog` when
@@ -412,10 +432,10 @@ class MitigationRecord:
     when absent.
 
     Attributes:
-        step: Training step, an int >= 0.
+        step: Training step, an int >= 0 (for ``start``/``resume``: the step the session starts at).
         mode: The Guard mode (``"log_only"``, ``"kl_control"``, ...): a non-empty name of at most 64
             characters.
-        verdict: ``"OK"``, ``"WARN"`` or ``"HACK"``.
+        verdict: ``"OK"``, ``"WARN"`` or ``"HACK"``; required for a decision, ``None`` for other events.
         vote: The combined hack score in [0, 1], or ``None`` (e.g. during warm-up).
         signals: Per-signal scores, name -> float or ``None``; at most :data:`MAX_SIGNALS` entries.
             Non-finite values (NaN, +-Inf) are stored as ``None`` (JSON ``null``), never as invalid JSON.
@@ -431,6 +451,12 @@ class MitigationRecord:
         extra: Optional free-form mapping of JSON values (string keys, nested at most
             :data:`MAX_EXTRA_DEPTH` levels); tuples become lists, numpy scalars become Python numbers and
             non-finite floats become ``None``.
+        run: The identity of the training run that wrote the record (see ``docs/trl.md``, run identity), or
+            ``None`` when unknown; :func:`split_runs` keeps the runs of a shared log apart.
+        event: ``"decision"`` (default: the Guard's decision for ``step``), ``"start"`` (a session started
+            fresh at ``step``), ``"resume"`` (a session resumed the run from its checkpoint of ``step``: the
+            run's records after ``step`` written before this one belong to an abandoned timeline) or
+            ``"error"`` (loopguard failed at ``step``; the explanation says what, and training went on).
 
     Raises:
         LoopguardTypeError: a field has the wrong type (``True`` for a number, a list for ``signals``).
@@ -452,7 +478,7 @@ class MitigationRecord:
 
     step: int = attrs.field(validator=_check_step)
     mode: str = attrs.field(validator=name_string())
-    verdict: Verdict = attrs.field(validator=one_of(*VERDICTS))
+    verdict: Verdict | None = attrs.field(default=None, validator=one_of(*VERDICTS, optional=True))
     vote: float | None = attrs.field(default=None, validator=real(lo=0.0, hi=1.0, optional=True))
     signals: Mapping[str, float | None] = attrs.field(factory=dict, converter=_convert_signals)
     beta_before: float | None = attrs.field(default=None, validator=real(lo=0.0, optional=True))
@@ -464,6 +490,17 @@ class MitigationRecord:
     repetition: float | None = attrs.field(default=None, validator=real(lo=0.0, hi=1.0, optional=True))
     explanation: str = attrs.field(default="", validator=_check_explanation)
     extra: Mapping[str, Any] | None = attrs.field(default=None, converter=_convert_extra)
+    run: str | None = attrs.field(default=None, validator=_check_run)
+    event: str = attrs.field(default="decision", validator=one_of(*EVENTS))
+
+    def __attrs_post_init__(self) -> None:
+        """A decision has a verdict; an event has none."""
+        if (self.event == "decision") != (self.verdict is not None):
+            msg = (
+                f"`verdict` must be given for a decision record and only for one, got verdict="
+                f"{self.verdict!r} with event={self.event!r}."
+            )
+            raise ConfigError(msg)
 
     def to_json_dict(self) -> dict[str, Any]:
         """Return the record as plain JSON values: ``schema`` first, then the fields in schema order.
@@ -500,13 +537,15 @@ class MitigationRecord:
         mode: str,
         observation: Observation | None = None,
         guard: Guard | None = None,
+        run: str | None = None,
     ) -> MitigationRecord:
         """Build the record of one Guard step from its decision (and the observation, for batch statistics).
 
         ``signals`` holds each signal's score under its name and each raw statistic as
-        ``"<signal>.<statistic>"``; ``extra`` holds the controller's and ladder's components and the notes,
-        and, when ``guard`` (the Guard that decided) is given, its ``warn_level``, ``hack_level`` and
-        ``warmup_steps``, so that a reader such as ``loopguard report`` draws the right bands.
+        ``"<signal>.<statistic>"``; ``extra`` holds the controller's and ladder's components, the notes and
+        the errors of the step, and, when ``guard`` (the Guard that decided) is given, its ``warn_level``,
+        ``hack_level`` and ``warmup_steps``, so that a reader such as ``loopguard report`` draws the right
+        bands. ``run`` is the identity of the run the decision belongs to.
 
         Example:
             >>> from loopguard import Guard, Observation
@@ -529,6 +568,8 @@ class MitigationRecord:
             extra["components"] = dict(decision.components)
         if decision.notes:
             extra["notes"] = list(decision.notes)
+        if decision.errors:
+            extra["errors"] = list(decision.errors)
         if guard is not None:
             extra.update(
                 warn_level=guard.warn_level, hack_level=guard.hack_level, warmup_steps=guard.warmup_steps
@@ -548,15 +589,17 @@ class MitigationRecord:
             repetition=decision.raw.get("repetition.rate"),
             explanation=decision.explanation,
             extra=extra or None,
+            run=run,
         )
 
     @classmethod
     def from_json_dict(cls, data: Mapping[str, Any]) -> MitigationRecord:
         """Build a record from a mapping with the schema's keys (as written to, or read from, the log).
 
-        ``ts`` is ignored; ``schema``, when present, must be :data:`LOG_SCHEMA_VERSION`. Keys other than
-        the schema's are rejected, so a misspelt field is never dropped silently. Fields that are absent
-        take their defaults (only ``step``, ``mode`` and ``verdict`` are required).
+        ``ts`` is ignored; ``schema``, when present, must be 1 or :data:`LOG_SCHEMA_VERSION`. Keys other
+        than the schema's are rejected, so a misspelt field is never dropped silently. Fields that are
+        absent take their defaults (only ``step`` and ``mode`` are required, and ``verdict`` for a
+        decision).
 
         Args:
             data: A mapping such as one element of :func:`read_mitigation_log`'s result.
@@ -578,8 +621,8 @@ class MitigationRecord:
         fields = {key: value for key, value in data.items() if key not in ("schema", "ts")}
         if "schema" in data:
             schema = data["schema"]
-            if isinstance(schema, bool) or schema != LOG_SCHEMA_VERSION:
-                msg = f"`schema` must be {LOG_SCHEMA_VERSION}, got {describe(schema)}."
+            if isinstance(schema, bool) or schema not in _REQUIRED_ON_DISK:
+                msg = f"`schema` must be one of {sorted(_REQUIRED_ON_DISK)}, got {describe(schema)}."
                 raise ConfigError(msg)
         allowed = (*_FIELD_ORDER, "extra")
         unknown = sorted(str(key) for key in fields if key not in allowed)
@@ -587,9 +630,9 @@ class MitigationRecord:
             names = ", ".join(repr(key) for key in unknown)
             msg = f"`record` has unknown keys {names}; allowed: {', '.join(allowed)}."
             raise ConfigError(msg)
-        missing = [key for key in ("step", "mode", "verdict") if key not in fields]
+        missing = [key for key in ("step", "mode") if key not in fields]
         if missing:
-            msg = f"`record` must have the keys 'step', 'mode' and 'verdict', missing {', '.join(missing)}."
+            msg = f"`record` must have the keys 'step' and 'mode', missing {', '.join(missing)}."
             raise ConfigError(msg)
         return cls(**fields)
 
@@ -919,7 +962,7 @@ def _parse_line(raw: bytes) -> dict[str, Any]:
         raise ValueError(msg)
     if schema > LOG_SCHEMA_VERSION:
         raise _NewerSchemaError(schema)
-    missing = sorted(_REQUIRED_ON_DISK - data.keys())
+    missing = sorted(_REQUIRED_ON_DISK[schema] - data.keys())
     if missing:
         msg = f"missing keys {', '.join(missing)}"
         raise ValueError(msg)
@@ -1046,3 +1089,71 @@ def _read_file(file: str, policy: str) -> list[dict[str, Any]]:
             stacklevel=3,
         )
     return records
+
+
+# --------------------------------------------------------------------------------------------------
+# runs and timelines
+
+
+@attrs.frozen
+class RunLog:
+    """The records of one run in a mitigation log, with its abandoned timelines set apart.
+
+    Attributes:
+        run: The run identity, or ``None`` for records that carry none (schema 1, or a writer without one).
+        records: The run's decisions on its live timeline, in file order: what a report counts.
+        abandoned: Decisions that a later ``resume`` record abandoned (written after the step the run resumed
+            from, before the resume): the steps the resumed run re-trained.
+        events: The run's ``start``, ``resume`` and ``error`` records, in file order.
+    """
+
+    run: str | None
+    records: tuple[dict[str, Any], ...]
+    abandoned: tuple[dict[str, Any], ...]
+    events: tuple[dict[str, Any], ...]
+
+
+def split_runs(records: list[dict[str, Any]]) -> list[RunLog]:
+    """Separate the runs of a (shared) mitigation log and drop each run's abandoned timelines.
+
+    Runs are told apart by their ``run`` identity (records without one form one unnamed run) and listed in
+    the order their first record appears. Within a run, a ``resume`` record at step ``s`` abandons the
+    run's decisions with a step after ``s`` written before it: the run went back to its checkpoint of step
+    ``s`` and trained those steps again. Resuming twice from the same checkpoint abandons twice; records of
+    other runs in between are never touched.
+
+    Args:
+        records: Records as returned by :func:`read_mitigation_log` (file order).
+
+    Returns:
+        One :class:`RunLog` per run.
+
+    Example:
+        >>> def rec(step, event="decision", run="a"):
+        ...     return {"step": step, "event": event, "run": run}
+        >>> log = [rec(0, "start"), rec(1), rec(2), rec(3), rec(4), rec(2, "resume"), rec(3)]
+        >>> log.append(rec(0, "start", run="b"))
+        >>> runs = split_runs(log)
+        >>> [(r.run, [x["step"] for x in r.records], [x["step"] for x in r.abandoned]) for r in runs]
+        [('a', [1, 2, 3], [3, 4]), ('b', [], [])]
+    """
+    order: list[str | None] = []
+    live: dict[str | None, list[dict[str, Any]]] = {}
+    abandoned: dict[str | None, list[dict[str, Any]]] = {}
+    events: dict[str | None, list[dict[str, Any]]] = {}
+    for record in records:
+        run = record.get("run")
+        if run not in live:
+            order.append(run)
+            live[run], abandoned[run], events[run] = [], [], []
+        event = record.get("event", "decision")
+        if event == "decision":
+            live[run].append(record)
+            continue
+        events[run].append(record)
+        if event == "resume":
+            step = record.get("step")
+            keep = [r for r in live[run] if not isinstance(step, int) or r["step"] <= step]
+            abandoned[run].extend(r for r in live[run] if isinstance(step, int) and r["step"] > step)
+            live[run] = keep
+    return [RunLog(run, tuple(live[run]), tuple(abandoned[run]), tuple(events[run])) for run in order]

@@ -46,6 +46,7 @@ from loopguard._types import VERDICTS
 from loopguard._validation import check_path, describe
 from loopguard.detectors import HACK_LEVEL, WARN_LEVEL
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, MissingDependencyError
+from loopguard.log import EVENTS, RunLog, split_runs
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -117,7 +118,11 @@ def _check_records(records: object) -> list[Mapping[str, Any]]:
         if isinstance(step, bool) or not isinstance(step, int):
             msg = f"`records[{index}]['step']` must be an int, got {describe(step)}."
             raise InputError(msg)
-        if record.get("verdict") not in _RANK:
+        event = record.get("event", "decision")
+        if event not in EVENTS:
+            msg = f"`records[{index}]['event']` must be one of {', '.join(EVENTS)}, got {describe(event)}."
+            raise InputError(msg)
+        if event == "decision" and record.get("verdict") not in _RANK:
             verdict = describe(record.get("verdict"))
             msg = f"`records[{index}]['verdict']` must be one of OK, WARN, HACK, got {verdict}."
             raise InputError(msg)
@@ -251,7 +256,7 @@ def _first_sentence(text: str) -> str:
     return head
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> str:
+def summarize(records: Sequence[Mapping[str, Any]], *, run: str | None = None) -> str:
     r"""Say in a few plain-English lines what a mitigation log records.
 
     The lines are: what was observed (records, first and last step, mode, warm-up, the worst verdict); what
@@ -259,6 +264,11 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> str:
     every action, grouped (runs of raises or lowers, rollbacks with the step restored, the stop with the
     weights restored); and the outcome (final verdict, stopped or not, final beta against the starting one).
     A healthy log says that nothing tripped and nothing was changed. The text depends only on the records.
+
+    Runs are kept apart (:func:`~loopguard.log.split_runs`): a log that several runs appended to (a reused
+    ``output_dir``) is summarised run by run, in the order the runs first appear, each under its identity.
+    Within a run, the records of a timeline abandoned by ``resume_from_checkpoint`` are left out (a line says
+    how many and which steps), and loopguard's own failures while training ran are counted with their steps.
     It is safe to print to a terminal: control characters in names and explanations from the log (ANSI
     escape sequences, carriage returns, line breaks, other C0 and C1 controls, bidirectional overrides) are
     written as their Python escapes (``\x1b``, ``\r``, ``\u202e``), so no name adds a line or moves the
@@ -266,14 +276,17 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> str:
 
     Args:
         records: The log's records in file order, as returned by :func:`~loopguard.log.read_mitigation_log`
-            (mappings with at least ``step`` and ``verdict``; other keys may be missing or null).
+            (mappings with at least ``step``, and ``verdict`` for a decision; other keys may be missing or
+            null).
+        run: Summarise only this run (an identity the log holds); default: every run.
 
     Returns:
         The summary: lines joined by newlines, no trailing newline. The first line stands alone as a title.
 
     Raises:
         LoopguardTypeError: ``records`` is not a sequence of mappings.
-        InputError: ``records`` is empty, or a record has no int ``step`` or no valid ``verdict``.
+        InputError: ``records`` is empty, a record has no int ``step``, a decision no valid ``verdict``, or
+            ``run`` names no run of the log.
 
     Example:
         >>> from loopguard.report import summarize
@@ -284,7 +297,54 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> str:
         Nothing tripped: every verdict was OK, and nothing was changed.
         Outcome: ended at step 14 with verdict OK (healthy); no beta recorded (log_only).
     """
-    checked = _check_records(records)
+    runs = _chosen_runs(_check_records(records), run)
+    if len(runs) == 1:
+        lines = _summary_lines(runs[0])
+        if runs[0].run is not None:
+            lines[0] = lines[0].replace("Mitigation log:", f"Mitigation log (run {runs[0].run}):", 1)
+    else:
+        lines = [f"This log holds {len(runs)} runs; each is summarised on its own, in the order they began."]
+        for one in runs:
+            lines.extend(["", f"Run {one.run or '(no run identity)'}:"])
+            lines.extend(f"  {line}" for line in _summary_lines(one))
+    return "\n".join(_visible(line) for line in lines)  # names and explanations come from the log
+
+
+def _chosen_runs(records: list[Mapping[str, Any]], run: str | None) -> list[RunLog]:
+    runs = split_runs([dict(record) for record in records])
+    if run is None:
+        return runs
+    chosen = [one for one in runs if one.run == run]
+    if not chosen:
+        known = ", ".join(repr(one.run) for one in runs)
+        msg = f"`run` must name a run of this log ({known}), got {describe(run)}."
+        raise InputError(msg)
+    return chosen
+
+
+def _summary_lines(run: RunLog) -> list[str]:
+    """The summary of one run's live timeline, then its resumes and failures."""
+    checked: list[Mapping[str, Any]] = list(run.records)
+    lines = _decision_lines(checked) if checked else [
+        "Mitigation log: no decision recorded for this run (it stopped before its first observed step)."
+    ]
+    resumes = [int(event["step"]) for event in run.events if event.get("event") == "resume"]
+    if resumes:
+        text = f"Resumed {len(resumes)} time(s), at step(s) {', '.join(map(str, resumes))}"
+        if run.abandoned:
+            steps = sorted({int(record["step"]) for record in run.abandoned})
+            span = _span(steps[0], steps[-1])
+            text += f"; {len(run.abandoned)} record(s) of abandoned timelines ({span}) are not counted"
+        lines.append(text + ".")
+    errors = [event for event in run.events if event.get("event") == "error"]
+    if errors:
+        where = ", ".join(str(event["step"]) for event in errors[:10]) + (", ..." if len(errors) > 10 else "")
+        first = _first_sentence(str(errors[0].get("explanation", "")).strip())
+        lines.append(f"loopguard failed {len(errors)} time(s) while training ran (steps {where}): {first}.")
+    return lines
+
+
+def _decision_lines(checked: list[Mapping[str, Any]]) -> list[str]:
     steps = [int(record["step"]) for record in checked]
     modes = list(dict.fromkeys(str(record.get("mode", "unknown")) for record in checked))
     mode_text = f"mode {modes[0]}" if len(modes) == 1 else f"modes {', '.join(modes)}"
@@ -313,7 +373,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> str:
             why = " (log_only mode only records)" if modes == ["log_only"] else ""
             lines.append(f"Actions: none; nothing was changed{why}.")
     lines.append(_outcome(checked))
-    return "\n".join(_visible(line) for line in lines)  # names and explanations come from the log
+    return lines
 
 
 def _tripped(records: Sequence[Mapping[str, Any]], hack_level: float) -> list[str]:
@@ -572,7 +632,9 @@ def _html(summary: str, png: bytes, records: Sequence[Mapping[str, Any]]) -> str
     )
 
 
-def render_report(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> str:
+def render_report(
+    records: Sequence[Mapping[str, Any]], path: str | os.PathLike[str], *, run: str | None = None
+) -> str:
     """Draw a mitigation log to a PNG, or to a self-contained HTML page; needs the ``plot`` extra.
 
     Three panels share the step axis: (a) beta over steps (log scale when it spans more than 10x), with a
@@ -581,7 +643,8 @@ def render_report(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[
     (c) each detector's score (the ``signals`` keys without a dot; ``"<signal>.<statistic>"`` entries are raw
     statistics and are not drawn), with the same bands. Warm-up steps are shaded grey. The bands are at the
     levels the log's explanations name, else at the Guard defaults (0.10 and 0.30); the legend says which.
-    The title is the first line of :func:`summarize`.
+    The title is the first line of :func:`summarize`. One run is drawn (its live timeline): the log's only
+    run, or the one ``run`` names; runs are never mixed in one figure.
 
     ``.html`` writes one page with the figure embedded as a base64 PNG, the summary, and a table of the
     actions (and the first HACK) with their explanations. Every string from the log is shown as written:
@@ -593,13 +656,15 @@ def render_report(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[
     Args:
         records: The log's records, as returned by :func:`~loopguard.log.read_mitigation_log`.
         path: Where to write: a ``.png`` or ``.html`` file (missing parent folders are created).
+        run: The run to draw; required when the log holds more than one.
 
     Returns:
         ``path`` as a string.
 
     Raises:
         ConfigError: ``path`` ends with anything but ``.png`` or ``.html``.
-        LoopguardTypeError, InputError: see :func:`summarize` (an empty log is an ``InputError``).
+        LoopguardTypeError, InputError: see :func:`summarize` (an empty log is an ``InputError``); a log of
+            several runs without ``run``, or a run that recorded no decision.
         MissingDependencyError: matplotlib is not installed.
         OSError: the file cannot be written.
 
@@ -613,8 +678,16 @@ def render_report(records: Sequence[Mapping[str, Any]], path: str | os.PathLike[
         loopguard.exceptions.ConfigError: `output` (-o) must end with .png or .html, got '...run.pdf'.
     """
     target, suffix = _output_kind(path)
-    summary = summarize(records)
-    checked = _check_records(records)
+    runs = _chosen_runs(_check_records(records), run)
+    if len(runs) > 1:
+        known = ", ".join(repr(one.run) for one in runs)
+        msg = f"`run` must say which run to draw: this log holds {len(runs)} runs ({known}); got None."
+        raise InputError(msg)
+    if not runs[0].records:
+        msg = f"run {runs[0].run!r} recorded no decision: there is nothing to draw."
+        raise InputError(msg)
+    summary = summarize(records, run=runs[0].run)
+    checked = list(runs[0].records)
     figure_class, canvas_class = _import_matplotlib()
     figure = figure_class(figsize=(11.0, 9.0), dpi=100, layout="constrained")
     canvas_class(figure)

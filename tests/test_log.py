@@ -36,6 +36,8 @@ TS = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
 KEY_ORDER = [
     "schema",
     "ts",
+    "run",
+    "event",
     "step",
     "mode",
     "verdict",
@@ -108,7 +110,9 @@ def test_round_trip_record_and_mapping(log_path):
     rows = read_mitigation_log(log_path)
     assert len(rows) == 2
     expected_first = {
-        "schema": 1,
+        "schema": 2,
+        "run": None,
+        "event": "decision",
         "step": 7,
         "mode": "pid_lagrangian",
         "verdict": "HACK",
@@ -132,7 +136,9 @@ def test_round_trip_record_and_mapping(log_path):
     assert before <= stamp <= after
 
     expected_second = {
-        "schema": 1,
+        "schema": 2,
+        "run": None,
+        "event": "decision",
         "step": 8,
         "mode": "log_only",
         "verdict": "WARN",
@@ -168,7 +174,7 @@ def test_to_json_dict_is_plain_and_detached():
     rec = record(signals={"a": np.float32(0.5)}, vote=np.float64(0.25), extra={"n": np.int64(3)})
     data = rec.to_json_dict()
     assert "ts" not in data
-    assert data["schema"] == LOG_SCHEMA_VERSION == 1
+    assert data["schema"] == LOG_SCHEMA_VERSION == 2
     assert type(data["vote"]) is float
     assert type(data["signals"]["a"]) is float
     assert type(data["extra"]["n"]) is int
@@ -225,7 +231,7 @@ INVALID_FIELDS = [
     ({"mode": 3}, LoopguardTypeError, "`mode` must be a name string, got 3 of type int."),
     ({"mode": "m" * 65}, ConfigError, "`mode` must be at most 64 characters, got 65 characters."),
     ({"verdict": "BAD"}, ConfigError, "`verdict` must be one of 'HACK', 'OK', 'WARN', got 'BAD'."),
-    ({"verdict": None}, LoopguardTypeError, "`verdict` must be a name string, got None of type NoneType."),
+    ({"verdict": None}, ConfigError, "`verdict` must be given for a decision record and only for one, got verdict=None with event='decision'."),
     (
         {"action": "explode"},
         ConfigError,
@@ -336,15 +342,19 @@ def test_non_finite_floats_become_null(log_path):
 
 def test_from_json_dict_errors():
     base = {"step": 0, "mode": "log_only", "verdict": "OK"}
-    with pytest.raises(ConfigError, match=re.escape("`record` has unknown keys 'stepp'; allowed: step, mode,")):
+    with pytest.raises(ConfigError, match=re.escape("`record` has unknown keys 'stepp'; allowed: run, event, step, mode,")):
         MitigationRecord.from_json_dict({**base, "stepp": 1})
-    message = "`record` must have the keys 'step', 'mode' and 'verdict', missing verdict."
+    message = "`record` must have the keys 'step' and 'mode', missing mode."
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        MitigationRecord.from_json_dict({"step": 0, "verdict": "OK"})
+    message = "`verdict` must be given for a decision record and only for one, got verdict=None with event='decision'."
     with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
         MitigationRecord.from_json_dict({"step": 0, "mode": "log_only"})
-    with pytest.raises(ConfigError, match=f"^{re.escape('`schema` must be 1, got 2.')}$"):
-        MitigationRecord.from_json_dict({**base, "schema": 2})
-    with pytest.raises(ConfigError, match=re.escape("`schema` must be 1, got True.")):
+    with pytest.raises(ConfigError, match=f"^{re.escape('`schema` must be one of [1, 2], got 3.')}$"):
+        MitigationRecord.from_json_dict({**base, "schema": 3})
+    with pytest.raises(ConfigError, match=re.escape("`schema` must be one of [1, 2], got True.")):
         MitigationRecord.from_json_dict({**base, "schema": True})
+    assert MitigationRecord.from_json_dict({**base, "schema": 1}).event == "decision"  # version 1 still reads
     with pytest.raises(
         LoopguardTypeError,
         match=f"^{re.escape('`record` must be a MitigationRecord or a mapping, got [1] of type list.')}$",
@@ -857,7 +867,7 @@ def test_each_log_instance_warns_once(tmp_path):
         (None, "LoopguardTypeError: `record` must be a MitigationRecord or a mapping, got None"),
         ([1, 2], "LoopguardTypeError: `record` must be a MitigationRecord or a mapping, got [1, 2]"),
         ({"step": -1, "mode": "log_only", "verdict": "OK"}, "ConfigError: `step` must be >= 0, got -1."),
-        ({"step": 0, "mode": "log_only"}, "missing verdict"),
+        ({"step": 0, "mode": "log_only"}, "`verdict` must be given for a decision record"),
         ({"step": 0, "mode": "log_only", "verdict": "OK", "bogus": 1}, "unknown keys 'bogus'"),
         (
             {"step": 0, "mode": "log_only", "verdict": "OK", "extra": {"blob": "x" * MAX_RECORD_BYTES}},
@@ -946,7 +956,7 @@ def corrupt_line_two(log_path, replacement):
         (lambda line: line.replace(b'"vote":0.25', b'"vote":NaN'), "non-finite number NaN"),
         (lambda line: b"[1, 2]", "a JSON list, not an object"),
         (lambda line: b'{"schema":1}', "missing keys action, beta_after"),
-        (lambda line: line.replace(b'"schema":1', b'"schema":"1"'), "'schema' must be a positive int"),
+        (lambda line: line.replace(b'"schema":2', b'"schema":"2"'), "'schema' must be a positive int"),
         (lambda line: re.sub(rb'"ts":"[^"]*"', b'"ts":"today"', line), "'ts' must be an ISO-8601 UTC time"),
         (lambda line: line.replace(b'"verdict":"OK"', b'"verdict":"MAYBE"'), "`verdict` must be one of"),
         (lambda line: line.replace(b'"step":1', b'"step":-1'), "`step` must be >= 0, got -1."),
@@ -970,11 +980,11 @@ def test_newer_schema_raises_even_on_the_last_line(log_path):
     lines = raw_lines(log_path)
     for index in (1, 2):
         changed = list(lines)
-        changed[index] = changed[index].replace(b'"schema":1', b'"schema":2')
+        changed[index] = changed[index].replace(b'"schema":2', b'"schema":3')
         pathlib.Path(log_path).write_bytes(b"\n".join(changed))
         message = (
-            f"mitigation log {log_path!r}, line {index + 1}: record has schema version 2, newer than this "
-            "loopguard reads (1); upgrade loopguard to read it."
+            f"mitigation log {log_path!r}, line {index + 1}: record has schema version 3, newer than this "
+            "loopguard reads (2); upgrade loopguard to read it."
         )
         with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
             read_mitigation_log(log_path, on_corrupt="skip")

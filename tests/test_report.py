@@ -90,7 +90,10 @@ def test_report_of_a_real_grpo_run_png_and_html(hacked_log, tmp_path, capsys):
     assert raises, "the echo hack must make the Guard raise beta"
     # the mitigator records the Guard's bands and warm-up, so the report never has to guess them
     guard_keys = ("warn_level", "hack_level", "warmup_steps")
-    assert {tuple(r["extra"][key] for key in guard_keys) for r in records} == {(0.1, 0.3, 4)}
+    decisions = [r for r in records if r["event"] == "decision"]
+    assert {tuple(r["extra"][key] for key in guard_keys) for r in decisions} == {(0.1, 0.3, 4)}
+    assert records[0]["event"] == "start"
+    assert summarize(records).startswith(f"Mitigation log (run {records[0]['run']}): 18 steps observed")
 
     png = tmp_path / "out" / "report.png"
     assert main(["report", hacked_log, "-o", str(png)]) == 0
@@ -106,8 +109,9 @@ def test_report_of_a_real_grpo_run_png_and_html(hacked_log, tmp_path, capsys):
 
     lines = summary.splitlines()
     assert lines[0] == (
-        f"Mitigation log: {len(records)} steps observed (steps {records[0]['step']}-{records[-1]['step']}), "
-        "mode kl_control, warm-up 4 steps; worst verdict HACK."
+        f"Mitigation log (run {records[0]['run']}): {len(decisions)} steps observed "
+        f"(steps {decisions[0]['step']}-{decisions[-1]['step']}), mode kl_control, warm-up 4 steps; worst "
+        "verdict HACK."
     )
     assert f"HACK first at step {first_hack['step']}" in summary
     scores = {k: v for k, v in first_hack["signals"].items() if "." not in k and v is not None}
@@ -135,7 +139,7 @@ def test_report_of_a_real_grpo_run_png_and_html(hacked_log, tmp_path, capsys):
     text = page.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")
     assert "data:image/png;base64,iVBORw0KGgo" in text  # the base64 of the PNG signature
-    assert re.search(r"<pre>.*Mitigation log:.*</pre>", text, re.DOTALL)
+    assert re.search(r"<pre>.*Mitigation log \(run .*</pre>", text, re.DOTALL)
     for line in lines:
         assert html.escape(line) in text
     for record in raises:
