@@ -247,6 +247,7 @@ def run_one(
                     for key in ("step", "verdict", "vote", "action", "beta_before", "beta_after", "signals")
                 }
                 for r in records
+                if r["event"] == "decision"
             ],
             "rollbacks": getattr(mitigator, "rollbacks", []) if mitigator is not None else [],
         }

@@ -4,17 +4,25 @@ Sources, chosen once per run by :func:`choose_source`:
 
 * :class:`GenerationSource` -- TRL's GRPO and RLOO. After every generation ``trainer._logs`` holds the
   gathered prompts, completions and each reward function's output (deques of ``generation_batch_size``), and
-  ``trainer._metrics["train"]`` one entry per step for ``kl`` and ``entropy``. A new generation batch shows
-  as a new ``trainer._buffered_inputs`` object, so a batch reused for ``steps_per_generation`` /
-  ``num_iterations`` optimizer steps is read once. The proxy reward is TRL's weighted sum of the reward
-  functions' *unshaped* outputs (a :func:`~loopguard.shape_reward` wrapper logs those as the
-  ``"<name>/unshaped"`` column).
+  ``trainer._metrics["train"]`` one entry per micro-step or generation for ``kl``, ``entropy`` and the
+  reward statistics. A new generation batch shows as a new ``trainer._buffered_inputs`` object, so a batch
+  reused for ``steps_per_generation`` / ``num_iterations`` optimizer steps is read once, and
+  :meth:`GenerationSource.collect` (called after every micro-step) reads each of several generation batches
+  that feed one optimizer step (``steps_per_generation x num_iterations < gradient_accumulation_steps``):
+  the step's batch covers all of them. The proxy reward is TRL's weighted sum of the reward functions'
+  *unshaped* outputs (a :func:`~loopguard.shape_reward` wrapper logs those as the ``"<name>/unshaped"``
+  column).
 * :class:`TapSource` -- reward functions wrapped with :func:`loopguard.tap` (online DPO, custom trainers):
   every call recorded since the last step forms the batch.
 * :class:`MetricSource` -- trainers without rollouts. DPO: the implicit reward margins logged per
   micro-batch, divided by beta; online DPO without a tap: the mean reward score per step.
 
-A source never raises into training on odd data: it returns None and the caller notes why once.
+**Unscorable completions** (every reward function returned None) are left out of the batch, as TRL leaves
+them out of its group baselines and its logged reward statistics: they are never scored 0. Groups that lose
+members become ragged (``Batch.group_sizes``).
+
+A source that cannot read what the trainer produced raises :class:`SourceError` naming what is wrong; the
+callbacks report it loudly at that step (see ``docs/trl.md``, failure policy) rather than observing nothing.
 
 Example:
     >>> from loopguard.adapters._tap import tap
@@ -36,6 +44,11 @@ from typing import Any, Protocol
 import attrs
 
 from loopguard.adapters._tap import TappedReward, TapRecord, completion_text, is_tapped, prompt_text
+from loopguard.exceptions import LoopguardError
+
+
+class SourceError(LoopguardError, RuntimeError):
+    """What the trainer produced for a batch cannot be read (the message says what and why)."""
 
 __all__ = [
     "Batch",
@@ -43,6 +56,7 @@ __all__ = [
     "MetricCursor",
     "MetricSource",
     "Source",
+    "SourceError",
     "TapSource",
     "choose_source",
     "tokenize",
@@ -74,13 +88,15 @@ class Batch:
 
     Attributes:
         step: The trainer's global step.
-        rewards: Proxy reward per completion (unshaped, weighted like the trainer weights them); an
-            unscorable completion (every reward function returned None) scores 0.0.
+        rewards: Proxy reward per scorable completion (unshaped, weighted like the trainer weights them).
+            Unscorable completions (every reward function returned None) are left out of every field.
         functions: Each reward function's (unshaped) output per completion, by the trainer's function name.
         completions: Completion texts, or None.
         completion_ids: Completion token ids (from the caller, or the trainer's tokenizer), or None.
         prompts: Prompt texts, or None.
         group_size: Completions per prompt when they are laid out group-contiguous, else None.
+        group_sizes: The members of each consecutive prompt group when unscorable completions left groups
+            of unequal size (then ``group_size`` is None).
         kl: Mean KL to the reference over the step(s), when the trainer reports it.
         entropy: Mean token entropy over the step(s), when the trainer reports it.
         source: ``"generation"``, ``"tap"`` or ``"metrics"``.
@@ -97,6 +113,7 @@ class Batch:
     completion_ids: tuple[tuple[int, ...], ...] | None = None
     prompts: tuple[str, ...] | None = None
     group_size: int | None = None
+    group_sizes: tuple[int, ...] | None = None
     kl: float | None = None
     entropy: float | None = None
     source: str = "generation"
@@ -188,16 +205,85 @@ def _weights(trainer: Any, count: int) -> list[float]:
     return [1.0] * count
 
 
-def _proxy(columns: Sequence[Sequence[float | None]], weights: Sequence[float]) -> tuple[list[float], int]:
-    """Weighted sum per row over the finite entries (TRL's nansum); rows with none score 0. Returns count."""
+@attrs.frozen
+class _Part:
+    """One generation batch (or one tapped call) as read: every row, scorable or not."""
+
+    completions: tuple[str, ...]
+    prompts: tuple[str, ...] | None
+    completion_ids: tuple[tuple[int, ...], ...] | None
+    columns: Mapping[str, tuple[float | None, ...]]
+    weights: tuple[float, ...]
+    group_size: int | None
+
+
+def _proxy(part: _Part) -> list[float | None]:
+    """TRL's weighted nansum per row; None for a row that every reward function left unscored."""
+    rewards: list[float | None] = []
+    for row in zip(*part.columns.values(), strict=True):
+        terms = [w * r for w, r in zip(part.weights, row, strict=True) if r is not None]
+        rewards.append(math.fsum(terms) if terms else None)
+    return rewards
+
+
+def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str) -> Batch:
+    """One batch from the parts read since the last poll: unscorable rows left out, groups kept in order."""
+    names = list(parts[0].columns)
     rewards: list[float] = []
-    unscorable = 0
-    for row in zip(*columns, strict=True):
-        terms = [w * r for w, r in zip(weights, row, strict=True) if r is not None]
-        if not terms:
-            unscorable += 1
-        rewards.append(math.fsum(terms) if terms else 0.0)
-    return rewards, unscorable
+    completions: list[str] = []
+    prompts: list[str] | None = [] if all(part.prompts is not None for part in parts) else None
+    ids: list[tuple[int, ...]] | None = [] if all(p.completion_ids is not None for p in parts) else None
+    columns: dict[str, list[float | None]] = {name: [] for name in names}
+    sizes: list[int] = []
+    uniform = parts[0].group_size if all(p.group_size == parts[0].group_size for p in parts) else None
+    dropped = 0
+    for part in parts:
+        proxy = _proxy(part)
+        keep = [index for index, value in enumerate(proxy) if value is not None]
+        dropped += len(proxy) - len(keep)
+        rewards.extend(float(proxy[index] or 0.0) for index in keep)
+        completions.extend(part.completions[index] for index in keep)
+        if prompts is not None and part.prompts is not None:
+            prompts.extend(part.prompts[index] for index in keep)
+        if ids is not None and part.completion_ids is not None:
+            ids.extend(part.completion_ids[index] for index in keep)
+        for name in names:
+            columns[name].extend(part.columns[name][index] for index in keep)
+        if part.group_size is None:
+            uniform = None
+        else:
+            kept = set(keep)
+            for start in range(0, len(proxy), part.group_size):
+                members = sum(1 for index in range(start, start + part.group_size) if index in kept)
+                if members:
+                    sizes.append(members)
+    if not rewards:
+        msg = (
+            f"none of the {dropped} completion(s) of step {step} could be scored (every reward function "
+            "returned None for each of them), so there is nothing to observe"
+        )
+        raise SourceError(msg)
+    notes: tuple[str, ...] = ()
+    if dropped:
+        notes = (
+            f"{dropped} unscorable completion(s) left out (every reward function returned None; TRL leaves "
+            "them out of its baselines and reward statistics too)",
+        )
+    group_size = uniform if uniform is not None and not dropped else None
+    group_sizes = tuple(sizes) if uniform is not None and dropped and sizes else None
+    token_ids = tuple(ids) if ids is not None else tokenize(tokenizer, completions)
+    return Batch(
+        step=step,
+        rewards=tuple(rewards),
+        functions={name: tuple(values) for name, values in columns.items()},
+        completions=tuple(completions),
+        completion_ids=token_ids,
+        prompts=None if prompts is None else tuple(prompts),
+        group_size=group_size,
+        group_sizes=group_sizes,
+        source=source,
+        notes=notes,
+    )
 
 
 _TRAINER_METRICS = (
@@ -217,6 +303,7 @@ class GenerationSource:
         """Read from ``trainer`` (a TRL GRPOTrainer / RLOOTrainer or a trainer with the same fields)."""
         self.trainer = trainer
         self._marker: Any = None
+        self._pending: list[_Part] = []
         self._metrics = MetricCursor(lambda: getattr(trainer, "_metrics", {}).get("train"))
 
     @staticmethod
@@ -235,21 +322,32 @@ class GenerationSource:
         """The trainer's reward function names, in order."""
         return tuple(str(name) for name in self.trainer.reward_func_names)
 
-    def poll(self, step: int) -> Batch | None:
-        """The new generation batch, or None when the current one was already read."""
+    def collect(self) -> None:
+        """Read the current generation batch if it is new; call after every micro-step (it is cheap).
+
+        Raises:
+            SourceError: the trainer's logs for the new batch are inconsistent (the message says how).
+        """
         buffer = getattr(self.trainer, "_buffered_inputs", None)
         if not buffer:
-            return None
+            return
         marker = _generation_marker(buffer)
         if marker is self._marker:
-            return None
+            return
         self._marker = marker
-        kl, entropy = self._metrics.mean("kl"), self._metrics.mean("entropy")
-        reported = {key: self._metrics.mean(key) for key in _TRAINER_METRICS}
+        self._pending.append(self._read())
+
+    def _read(self) -> _Part:
         logs = self.trainer._logs
         completions = tuple(completion_text(c) for c in logs["completion"])
         prompts = tuple(prompt_text(p) for p in logs["prompt"])
         size = len(completions)
+        if size == 0 or len(prompts) != size:
+            msg = (
+                f"{type(self.trainer).__name__}._logs holds {size} completion(s) and {len(prompts)} "
+                "prompt(s) for the new generation batch; expected the same non-zero number"
+            )
+            raise SourceError(msg)
         names = self.function_names()
         extra = logs.get("extra") or {}
         columns: dict[str, tuple[float | None, ...]] = {}
@@ -257,23 +355,37 @@ class GenerationSource:
             unshaped = extra.get(f"{name}/unshaped")
             values = unshaped if unshaped is not None and len(unshaped) == size else logs["rewards"].get(name)
             if values is None or len(values) != size:
-                return None
+                count = "none" if values is None else len(values)
+                msg = f"reward function {name!r} logged {count} reward(s) for {size} completion(s)"
+                raise SourceError(msg)
             columns[name] = tuple(_finite(value) for value in values)
-        if size == 0 or len(prompts) != size:
-            return None
-        rewards, unscorable = _proxy(list(columns.values()), _weights(self.trainer, len(names)))
-        notes = (f"{unscorable} unscorable completion(s) scored 0.0",) if unscorable else ()
-        return Batch(
-            step=step,
-            rewards=tuple(rewards),
-            functions=columns,
+        return _Part(
             completions=completions,
-            completion_ids=tokenize(getattr(self.trainer, "processing_class", None), completions),
             prompts=prompts,
+            completion_ids=None,
+            columns=columns,
+            weights=tuple(_weights(self.trainer, len(names))),
             group_size=_group_size(getattr(self.trainer, "num_generations", None), size),
+        )
+
+    def poll(self, step: int) -> Batch | None:
+        """Every generation batch read since the last poll, as one batch; None when there was none."""
+        self.collect()
+        if not self._pending:
+            return None
+        parts, self._pending = self._pending, []
+        kl, entropy = self._metrics.mean("kl"), self._metrics.mean("entropy")
+        reported = {key: self._metrics.mean(key) for key in _TRAINER_METRICS}
+        batch = _assemble(
+            step, parts, tokenizer=getattr(self.trainer, "processing_class", None), source=self.kind
+        )
+        notes = batch.notes
+        if len(parts) > 1:
+            notes = (f"{len(parts)} generation batches fed this optimizer step; all are observed", *notes)
+        return attrs.evolve(
+            batch,
             kl=kl,
             entropy=entropy,
-            source=self.kind,
             notes=notes,
             metrics={key: value for key, value in reported.items() if value is not None},
         )
@@ -334,34 +446,30 @@ class TapSource:
                 notes.append(
                     f"tap {fn.__name__!r} recorded {len(values)} rewards for {size} completions; unused"
                 )
-        rewards, unscorable = _proxy(list(columns.values()), weights)
-        if unscorable:
-            notes.append(f"{unscorable} unscorable completion(s) scored 0.0")
         ids: tuple[tuple[int, ...], ...] | None = None
         if all(record.completion_ids is not None for record in lead):
             ids = tuple(row for record in lead for row in (record.completion_ids or ()))
-        if ids is None or len(ids) != size:
-            ids = tokenize(self.tokenizer, completions)
+            if len(ids) != size:
+                ids = None
         prompts: tuple[str, ...] | None = None
         if all(record.prompts is not None for record in lead):
             prompts = tuple(text for record in lead for text in (record.prompts or ()))
             if len(prompts) != size:
                 prompts = None
-        return Batch(
-            step=step,
-            rewards=tuple(rewards),
-            functions=columns,
+        if not columns:
+            msg = f"no tapped reward function recorded one reward per completion ({'; '.join(notes)})"
+            raise SourceError(msg)
+        grouped = all(_group_size(self.group_size, len(record.completions)) for record in lead)
+        part = _Part(
             completions=completions,
-            completion_ids=ids,
             prompts=prompts,
-            group_size=self.group_size
-            if all(_group_size(self.group_size, len(record.completions)) for record in lead)
-            else None,
-            kl=kl,
-            entropy=entropy,
-            source=self.kind,
-            notes=tuple(notes),
+            completion_ids=ids,
+            columns=columns,
+            weights=tuple(weights),
+            group_size=self.group_size if grouped else None,
         )
+        batch = _assemble(step, [part], tokenizer=self.tokenizer, source=self.kind)
+        return attrs.evolve(batch, kl=kl, entropy=entropy, notes=(*notes, *batch.notes))
 
 
 class MetricSource:

@@ -2,11 +2,15 @@
 
 Policy (documented in ``docs/trl.md``):
 
+* **Scope.** A store belongs to one run (:mod:`loopguard.adapters._run_scope`): at the start of each
+  training session it is claimed for the run's identity (a store holding another run's checkpoints is
+  refused), and after ``resume_from_checkpoint`` from step ``s`` the run's checkpoints saved after ``s`` (an
+  abandoned timeline) are discarded, so steps are saved again from ``s`` on and a rollback never lands on
+  the abandoned timeline.
 * **Saving.** Every ``every`` optimizer steps, on the main process, and only while the Guard's latest
   verdict is OK: the policy, the optimizer, the LR scheduler, the RNG states, the reference model when TRL
   keeps it in sync with the policy (``sync_ref_model=True``; a fixed reference needs no copy), and the
-  mitigator's state as ``extra_state``. A resumed run does not overwrite checkpoints an earlier run saved at
-  later steps.
+  mitigator's state as ``extra_state``.
 * **Good marks.** A checkpoint is *pending* until the next save boundary and marked good only if every Guard
   verdict in between was OK (a confirmation window: the hack may have begun before it was detected). Without a
   mitigator to confirm, a checkpoint is good when saved.
@@ -77,6 +81,31 @@ class RollbackStore:
         self.every = every
         self.confirm = confirm
         self.pending: int | None = None
+        self.run: Any = None
+
+    def start(self, run: Any, *, main: bool) -> list[int]:
+        """Scope the store to ``run`` (a :class:`~loopguard.adapters._run_scope.Run`) for a training session.
+
+        Claims the store for the run's identity (the main process writes the claim) and, after a resume from
+        step ``s``, discards the run's checkpoints newer than ``s`` (main process). Idempotent per session.
+
+        Returns:
+            The steps discarded (empty on a fresh start and on other ranks).
+
+        Raises:
+            ConfigError: the store holds another run's checkpoints (see ``CheckpointManager.claim``).
+            CheckpointError: the store's index or claim cannot be read.
+        """
+        if self.run is run:
+            return []
+        self.manager.claim(run.id, create=main)
+        self.manager.good_steps()  # an unreadable index (good.json) fails here, at the start, not mid-run
+        discarded: list[int] = []
+        if run.resumed_from is not None and main:
+            discarded = self.manager.discard_after(run.resumed_from)
+        self.pending = None
+        self.run = run
+        return discarded
 
     def observe(self, verdict: str) -> None:
         """Feed one Guard verdict: a non-OK verdict disqualifies the pending checkpoint."""
@@ -107,9 +136,6 @@ class RollbackStore:
             self.manager.mark_good(self.pending)
         self.pending = None
         if not healthy or not main:
-            return
-        saved = self.manager.steps()
-        if saved and step <= max(saved):  # a resumed run re-trains steps an earlier run already saved
             return
         self.manager.save(
             step,

@@ -23,8 +23,13 @@ garbage collector's referrers; see :mod:`loopguard.adapters._binding`), then mov
 callback list so the metrics it adds in ``on_log`` reach TensorBoard / W&B / trackio. ``trainer=`` and
 ``.bind(trainer)`` skip the search.
 
-**Failures.** Configuration errors raise at construction or at ``on_train_begin`` (before the first step).
-Anything that fails later warns once per kind and training continues.
+**Failures** (the policy, documented in ``docs/trl.md``). Anything that keeps a callback from working raises
+at construction or at ``on_train_begin``, before the first step: a bad setting, a trainer it cannot observe
+or control, a checkpoint store it cannot read, a resume state it cannot load (the message names the file or
+setting). A failure inside loopguard while training runs does not end the training by default, but it is
+loud every time: a ``RuntimeWarning`` and a logged error naming the step, ``loopguard/active`` 0 in the next
+logged metrics, and (for the mitigator) an ``error`` record in the mitigation log. ``on_error="raise"``
+makes such a failure fatal instead.
 
 Requires the ``hf`` extra (``pip install 'loopguard[hf]'``).
 
@@ -45,17 +50,24 @@ Example:
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
-from loopguard._validation import check_bool, check_int, check_path, check_real, describe
+from loopguard._run import check_run_id
+from loopguard._saved_state import (
+    as_state_error,
+    decode_rollbacks,
+    open_state,
+    read_state_file,
+    write_state_file,
+)
+from loopguard._validation import check_bool, check_choice, check_int, check_path, check_real, describe
 from loopguard.adapters._beta import (
     BetaAccessor,
     Coefficient,
@@ -67,12 +79,19 @@ from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, mov
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
 from loopguard.adapters._rollback import RollbackStore, open_manager
+from loopguard.adapters._run_scope import Run, default_store_dir, resolve_run, write_run_file
 from loopguard.adapters._tap import TappedReward, is_tapped
 from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
 from loopguard.detectors import Detector, GoldAudit, InfoRM, RMEnsemble
-from loopguard.exceptions import ConfigError, LoopguardError, LoopguardTypeError, MissingDependencyError
+from loopguard.exceptions import (
+    ConfigError,
+    LoopguardError,
+    LoopguardTypeError,
+    MissingDependencyError,
+    StateError,
+)
 from loopguard.guard import Decision, Guard, Mode, Observation
-from loopguard.log import MitigationLog, MitigationRecord
+from loopguard.log import MAX_EXPLANATION_LENGTH, MitigationLog, MitigationRecord
 from loopguard.signals import classify_echo, ngram_repetition_rate
 
 try:
@@ -96,7 +115,7 @@ STATE_FILE = "loopguard_state.json"
 """Name of the mitigator's state file inside each ``checkpoint-N`` folder."""
 
 STATE_KIND = "loopguard.RewardHackMitigator"
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 VERDICT_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "HACK": 2.0}
 """``loopguard/verdict`` and ``loopguard/echo/verdict`` codes (TRAP is 2 for the echo callback)."""
@@ -111,21 +130,29 @@ ACTION_CODES: dict[str, float] = {
 """``loopguard/action`` codes, ordered by severity (the worst action since the last log is reported)."""
 
 _ECHO_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "TRAP": 2.0}
-_GUARD_KEYS = frozenset(("mode", "signals", "controller", "ladder", "halt_on_hack", "warmup_steps", "beta"))
+_GUARD_KEYS = frozenset(
+    ("mode", "signals", "controller", "ladder", "halt_on_hack", "warmup_steps", "beta", "on_error")
+)
+_ON_ERROR = ("warn", "raise")
+OnError = Literal["warn", "raise"]
+_STATE_KEYS = ("kind", "version", "mode", "beta", "guard", "rollbacks", "onset", "run")
 
 
 # -------------------------------------------------------------------------------------------- shared base
 
 
 class _Bound(TrainerCallback):
-    """Trainer binding, train-start attachment and warn-once failure handling shared by the callbacks."""
+    """Trainer binding, train-start attachment and the run-time failure policy shared by the callbacks."""
 
     _name = "callback"
 
-    def __init__(self, trainer: Any = None) -> None:
+    def __init__(self, trainer: Any = None, on_error: OnError = "warn") -> None:
         self._trainer: Any = None
         self._warned: set[str] = set()
         self._resume_from: str | None = None
+        self.on_error: OnError = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
+        self.errors = 0
+        self._failed_since_log = False
         if trainer is not None:
             self.bind(trainer)
 
@@ -155,12 +182,47 @@ class _Bound(TrainerCallback):
         self._warned.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    def _failed(self, event: str, error: BaseException) -> None:
-        self._warn_once(
-            f"fail:{event}",
-            f"loopguard: {type(self).__name__}.{event} failed and was skipped (warned once; training "
-            f"continues): {type(error).__name__}: {error}",
+    def _failed(self, event: str, error: BaseException, step: int) -> None:
+        """A failure inside loopguard while training runs: fatal with ``on_error="raise"``, else loud."""
+        if self.on_error == "raise":
+            raise error
+        self.errors += 1
+        self._failed_since_log = True
+        message = (
+            f"loopguard: {type(self).__name__}.{event} failed at step {step} ({self.errors} failure(s) so "
+            f"far; training continues, on_error='raise' makes this fatal): {type(error).__name__}: {error}"
         )
+        logger.error(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self._record_failure(event, error, step, message)
+
+    def _record_failure(self, event: str, error: BaseException, step: int, message: str) -> None:
+        """Hook: keep a durable record of a failure (the mitigator writes one to its log)."""
+
+    def _start(self, args: TrainingArguments, state: TrainerState) -> None:
+        """Set the callback up at the start of training (subclasses)."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Set up; anything that keeps the callback from working stops the run here, before the first step."""
+        try:
+            self._start(args, state)
+        except LoopguardError:
+            raise
+        except Exception as error:  # never silently off: a callback that cannot start stops the run
+            msg = (
+                f"{type(self).__name__} could not start, so training does not start without it: "
+                f"{type(error).__name__}: {error}"
+            )
+            raise ConfigError(msg) from error
+
+    def _active_metrics(self, prefix: str) -> dict[str, float]:
+        """``<prefix>/active`` (0 after a failure since the last log) and ``<prefix>/errors`` (a count)."""
+        active = 0.0 if self._failed_since_log else 1.0
+        out = {f"{prefix}/active": active, f"{prefix}/errors": float(self.errors)}
+        self._failed_since_log = False
+        return out
 
     def _attach(self) -> Any:
         """Find (or check) the trainer at ``on_train_begin`` and move this callback first."""
@@ -182,6 +244,20 @@ class _Bound(TrainerCallback):
         self._trainer = trainer
         move_first(trainer, self)
         return trainer
+
+
+def _start_store(store: RollbackStore, run: Run, state: TrainerState) -> None:
+    """Scope a rollback store to the run of this training session (claim it; trim an abandoned timeline)."""
+    discarded = store.start(run, main=bool(state.is_world_process_zero))
+    if discarded:
+        logger.warning(
+            "loopguard: resumed run %s at step %d; discarded its rollback checkpoints of the abandoned "
+            "timeline (steps %s) from %s",
+            run.id,
+            run.resumed_from,
+            ", ".join(map(str, discarded)),
+            store.manager.directory,
+        )
 
 
 def _is_eval_log(logs: Mapping[str, Any]) -> bool:
@@ -303,9 +379,11 @@ class RewardHackMitigator(_Bound):
         group_size: int | None = None,
         log_path: str | os.PathLike[str] | None = None,
         guard_options: Mapping[str, Any] | None = None,
+        on_error: OnError = "warn",
         trainer: Any = None,
     ) -> None:
         """Validate the configuration and build the Guard (see the class docstring)."""
+        on_error = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
         options = dict(guard_options or {})
         allowed = set(inspect.signature(Guard.__init__).parameters) - {"self"} - _GUARD_KEYS
         for key in options:
@@ -323,6 +401,7 @@ class RewardHackMitigator(_Bound):
             ladder=ladder,
             halt_on_hack=halt_on_hack,
             warmup_steps=warmup_steps,
+            on_error=on_error,
             **options,
         )
         for detector in self.guard.detectors:
@@ -375,7 +454,9 @@ class RewardHackMitigator(_Bound):
         self.last_decision: Decision | None = None
         self._since_log: dict[str, float] = {}
         self._sync = RankSync()
-        super().__init__(trainer)
+        self.run_id: str | None = None
+        self._run: Run | None = None
+        super().__init__(trainer, on_error)
 
     # ------------------------------------------------------------------------------------------- helpers
 
@@ -395,7 +476,7 @@ class RewardHackMitigator(_Bound):
         return None if self._store is None else self._store.manager
 
     def state_dict(self) -> dict[str, Any]:
-        """The mitigator's state as plain JSON (the Guard's state, beta, rollbacks, the hack's onset)."""
+        """The mitigator's state as plain JSON (the Guard's state, beta, rollbacks, the onset, the run)."""
         return {
             "kind": STATE_KIND,
             "version": STATE_VERSION,
@@ -404,47 +485,53 @@ class RewardHackMitigator(_Bound):
             "guard": self.guard.state_dict(),
             "rollbacks": [dict(entry) for entry in self.rollbacks],
             "onset": self._onset,
+            "run": self.run_id,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (and write its beta into a bound trainer).
+        """Restore :meth:`state_dict` output (and write its beta into a bound trainer): all or nothing.
+
+        Every field is checked before anything changes: the kind and version, the exact keys, each value's
+        type and range, the Guard's state against this Guard's configuration, and the run: a state saved
+        by another run is refused once this mitigator has a run identity.
 
         Raises:
-            ConfigError: another kind or version, or a Guard configured differently.
+            StateError: a malformed, truncated or unreachable state, another kind or version, a Guard
+                configured differently, or another run's state. The mitigator (and the trainer's beta) is then
+                unchanged.
         """
-        if not isinstance(state, Mapping) or state.get("kind") != STATE_KIND:
-            msg = f"`state` must be a RewardHackMitigator.state_dict(), got {describe(state)}."
-            raise ConfigError(msg)
-        if state.get("version") != STATE_VERSION:
-            msg = f"`state['version']` must be {STATE_VERSION}, got {describe(state.get('version'))}."
-            raise ConfigError(msg)
-        self.guard.load_state_dict(state["guard"])
-        self.rollbacks = [
-            {str(k): int(v) for k, v in entry.items()}
-            for entry in state.get("rollbacks", [])
-            if isinstance(entry, Mapping)
-        ]
-        onset = state.get("onset")
-        self._onset = onset if isinstance(onset, int) and not isinstance(onset, bool) else None
+        fields = open_state(
+            state, kind=STATE_KIND, version=STATE_VERSION, keys=_STATE_KEYS, owner="RewardHackMitigator"
+        )
+        mode = fields.raw("mode")
+        if mode != self.guard.mode:
+            msg = f"`state['mode']` must be this mitigator's mode {self.guard.mode!r}, got {describe(mode)}."
+            raise StateError(msg)
+        fields.real("beta", lo=0.0, lo_inclusive=False, optional=True)
+        guard = self.guard.decode_state(fields.raw("guard"))
+        rollbacks = decode_rollbacks(fields)
+        onset = fields.integer("onset", lo=0, optional=True)
+        run = fields.raw("run")
+        if run is not None:
+            with as_state_error():
+                run = check_run_id("state['run']", run)
+        if self.run_id is not None and run != self.run_id:
+            msg = (
+                f"`state['run']` must be this run's identity {self.run_id!r}, got {describe(run)}: the state "
+                "belongs to another run."
+            )
+            raise StateError(msg)
+        self.guard.load_state_dict(guard)
+        self.rollbacks, self._onset, self.run_id = rollbacks, onset, run
         beta = self.guard.beta
         if self._accessor is not None and self.guard.mode != "log_only" and beta is not None:
             self._accessor.set(float(beta))
 
     # ------------------------------------------------------------------------------------------- events
 
-    def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        """Find the trainer, check the configuration against it (fail fast), restore state on resume."""
-        try:
-            self._setup(args, state)
-        except LoopguardError:
-            raise
-        except Exception as error:
-            self._ready = False
-            self._failed("on_train_begin", error)
-
-    def _setup(self, args: TrainingArguments, state: TrainerState) -> None:
+    def _start(self, args: TrainingArguments, state: TrainerState) -> None:
+        """Find the trainer, check the configuration against it, restore the state on resume (fail fast)."""
+        self._ready = False
         trainer = self._attach()
         mode = self.guard.mode
         self._accessor = resolve_accessor(trainer, self._coefficient)
@@ -464,12 +551,61 @@ class RewardHackMitigator(_Bound):
             )
             raise ConfigError(msg)
         self._members = self._ensemble_members(trainer)
-        self._setup_store(trainer, args)
+        run = resolve_run(trainer, args, state, self._resume_from, self._sync)
+        self._run, self.run_id = run, run.id
+        self._setup_store(trainer, args, state, run)
+        self._log = None
         if state.is_world_process_zero:
             path = self.log_path or os.path.join(str(args.output_dir), "mitigation_log.jsonl")
             self._log = MitigationLog(path)
         self._resume(args, state)
+        self._log_session(state, run)
         self._ready = True
+
+    def _log_session(self, state: TrainerState, run: Run) -> None:
+        """A ``start`` or ``resume`` record: where this session begins on the run's timeline."""
+        if self._log is None:
+            return
+        step = int(state.global_step)
+        if run.inherited:
+            text = (
+                f"run {run.id} resumed from {run.folder} at step {step}: its records after step {step} "
+                "written before this one belong to an abandoned timeline."
+            )
+        elif run.resumed_from is not None:
+            text = (
+                f"run {run.id} started at step {step}, resuming a checkpoint ({run.folder}) that has no "
+                "loopguard run identity: a new loopguard run."
+            )
+        else:
+            text = f"run {run.id} started fresh at step {step}."
+        record = MitigationRecord(
+            step=step,
+            mode=self.guard.mode,
+            event="resume" if run.inherited else "start",
+            run=run.id,
+            explanation=text,
+            beta_before=self.beta,
+            beta_after=self.beta,
+        )
+        if not self._log.append(record):
+            self._warn_once("log", f"loopguard: could not write the mitigation log {self._log.path}.")
+
+    def _record_failure(self, event: str, error: BaseException, step: int, message: str) -> None:
+        """An ``error`` record in the mitigation log (main process)."""
+        if self._log is None:
+            return
+        limit = MAX_EXPLANATION_LENGTH
+        text = message if len(message) <= limit else message[: limit - 3] + "..."
+        record = MitigationRecord(
+            step=max(0, step),
+            mode=self.guard.mode,
+            event="error",
+            run=self.run_id,
+            explanation=text,
+            extra={"callback_event": event, "error": type(error).__name__},
+        )
+        self._log.append(record)
 
     def _ensemble_members(self, trainer: Any) -> tuple[str, ...] | None:
         detector = next((d for d in self.guard.detectors if isinstance(d, RMEnsemble)), None)
@@ -503,19 +639,20 @@ class RewardHackMitigator(_Bound):
             raise ConfigError(msg)
         return tuple(chosen)
 
-    def _setup_store(self, trainer: Any, args: TrainingArguments) -> None:
+    def _setup_store(self, trainer: Any, args: TrainingArguments, state: TrainerState, run: Run) -> None:
         ladder = self.guard.ladder
         wants = ladder is not None and ladder.max_rollbacks > 0
         if self._manager is not None:
             if self._store is None or self._store.manager is not self._manager:
                 self._store = RollbackStore(self._manager, self.checkpoint_every, confirm=True)
             self._own_store = True
+            _start_store(self._store, run, state)
         else:
             attached = next(
                 (cb for cb in trainer.callback_handler.callbacks if isinstance(cb, RLCheckpointCallback)),
                 None,
             )
-            self._store = None if attached is None else attached._store_for(trainer, args)
+            self._store = None if attached is None else attached._store_for(args, state, run)
             self._own_store = False
         if wants and self._store is None:
             msg = (
@@ -529,26 +666,39 @@ class RewardHackMitigator(_Bound):
             return
         folder = self._resume_from or checkpoint_dir(args, state)
         path = os.path.join(folder, STATE_FILE)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             self._warn_once(
                 "resume",
                 f"loopguard: resuming at step {state.global_step} without {path}; the Guard starts fresh "
                 "(new warm-up and baselines).",
             )
             return
+        how = (
+            f"delete {path} to start the Guard fresh (new warm-up and baselines), or resume from a "
+            "checkpoint whose loopguard state is intact."
+        )
         try:
-            with open(path, encoding="utf-8") as handle:
-                payload = json.load(handle)
-        except (OSError, ValueError) as error:
-            self._warn_once("resume", f"loopguard: could not read {path} ({error}); the Guard starts fresh.")
-            return
-        self.load_state_dict(payload)
+            self.load_state_dict(read_state_file(path))
+        except (OSError, LoopguardError) as error:
+            msg = f"loopguard cannot resume from {path}: {error} To go on: {how}"
+            raise ConfigError(msg) from None
         logger.info("loopguard: restored the mitigator state from %s (beta %s)", path, self.beta)
+
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Read a generation batch made inside a gradient-accumulation micro-step (several feed a step)."""
+        if not self._ready or not isinstance(self._source, GenerationSource):
+            return
+        try:
+            self._source.collect()
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_substep_end", error, int(state.global_step))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """Observe a new generation batch (once), decide, apply, log; save a rollback checkpoint when due."""
+        """Observe the step's generation batches (each once), decide, apply, log; save a checkpoint if due."""
         if not self._ready or self._source is None:
             return
         try:
@@ -566,8 +716,8 @@ class RewardHackMitigator(_Bound):
                     self.last_decision.verdict == "OK" and not self.guard.stopped
                 )
                 self._store.save(self._trainer, args, state, healthy, self.state_dict)
-        except Exception as error:
-            self._failed("on_step_end", error)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_step_end", error, int(state.global_step))
 
     def _observation(self, batch: Batch) -> Observation:
         ensemble = None
@@ -584,6 +734,7 @@ class RewardHackMitigator(_Bound):
             if batch.completion_ids is None
             else [list(row) for row in batch.completion_ids],
             group_size=batch.group_size,
+            group_sizes=batch.group_sizes,
             kl=batch.kl,
             entropy=None if batch.entropy is None else max(0.0, batch.entropy),
             ensemble_scores=ensemble,
@@ -605,6 +756,9 @@ class RewardHackMitigator(_Bound):
             extra["trainer_metrics"] = dict(batch.metrics)
         if batch is not None and batch.notes:
             extra["batch_notes"] = list(batch.notes)
+        if decision.errors:  # a detector failed inside the Guard: counted like any run-time failure
+            self.errors += len(decision.errors)
+            self._failed_since_log = True
         if decision.verdict == "OK":
             self._onset = None
         elif self._onset is None:
@@ -631,7 +785,7 @@ class RewardHackMitigator(_Bound):
         self._since_log["action"] = _worse(self._since_log.get("action"), ACTION_CODES[decision.action])
         if self._log is not None:
             record = MitigationRecord.from_decision(
-                decision, mode=self.guard.mode, observation=observation, guard=self.guard
+                decision, mode=self.guard.mode, observation=observation, guard=self.guard, run=self.run_id
             )
             self._log.append(attrs.evolve(record, extra={**dict(record.extra or {}), "adapter": extra}))
 
@@ -659,7 +813,7 @@ class RewardHackMitigator(_Bound):
         try:
             restored = self._synced_restore(self._store, args, state, before)
         except Exception as error:
-            self._failed("rollback", error)
+            self._failed("rollback", error, int(decision.step))
             return {"rollback_error": f"{type(error).__name__}: {error}"}
         entry = {"step": int(decision.step), "restored_step": restored}
         self.rollbacks.append(entry)
@@ -680,7 +834,7 @@ class RewardHackMitigator(_Bound):
         try:
             restored = self._synced_restore(self._store, args, state, before)
         except Exception as error:
-            self._failed("restore_on_stop", error)
+            self._failed("restore_on_stop", error, int(decision.step))
             return {"restore_error": f"{type(error).__name__}: {error}"}
         logger.warning(
             "loopguard: stopped at step %d with the weights of step %d restored", decision.step, restored
@@ -704,6 +858,7 @@ class RewardHackMitigator(_Bound):
             out[f"loopguard/score/{detector.name}"] = float(score) if math.isfinite(score) else 0.0
         out["loopguard/warming_up"] = 1.0 if decision is None or decision.warming_up else 0.0
         out["loopguard/rollbacks"] = float(len(self.rollbacks))
+        out.update(self._active_metrics("loopguard"))
         return out
 
     def on_log(
@@ -720,8 +875,8 @@ class RewardHackMitigator(_Bound):
         try:
             _inject(state, logs, self.metrics())
             self._since_log = {}
-        except Exception as error:
-            self._failed("on_log", error)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_log", error, int(state.global_step))
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -731,18 +886,11 @@ class RewardHackMitigator(_Bound):
             return
         try:
             folder = checkpoint_dir(args, state)
-            if not os.path.isdir(folder):
-                self._warn_once(
-                    "save", f"loopguard: no checkpoint folder {folder} to write {STATE_FILE} into."
-                )
-                return
-            path = os.path.join(folder, STATE_FILE)
-            temp = f"{path}.tmp"
-            with open(temp, "w", encoding="utf-8") as handle:
-                json.dump(self.state_dict(), handle)
-            os.replace(temp, path)
-        except Exception as error:
-            self._failed("on_save", error)
+            if self._run is not None:
+                write_run_file(folder, self._run)
+            write_state_file(os.path.join(folder, STATE_FILE), self.state_dict())
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_save", error, int(state.global_step))
 
 
 # -------------------------------------------------------------------------------------------- echo traps
@@ -763,6 +911,8 @@ class EchoTrapCallback(_Bound):
         halt: Stop training (``control.should_training_stop``) on TRAP. Default True.
         n: n-gram size, in [1, 32]. Default 2.
         warn: WARN from this rate, in (0, threshold). Default ``threshold / 2``.
+        on_error: ``"warn"`` (default) or ``"raise"``: what a failure while training runs does (see the
+            module docs; ``loopguard/echo/active`` drops to 0 in the next log after one).
         trainer: Bind to this trainer now instead of finding it at the start of training.
 
     Raises:
@@ -788,6 +938,7 @@ class EchoTrapCallback(_Bound):
         n: int = 2,
         *,
         warn: float | None = None,
+        on_error: OnError = "warn",
         trainer: Any = None,
     ) -> None:
         """Validate the bands (see the class docstring)."""
@@ -803,16 +954,14 @@ class EchoTrapCallback(_Bound):
         self._ready = False
         self.last: tuple[int, float, str] | None = None
         self._worst: float | None = None
-        super().__init__(trainer)
+        super().__init__(trainer, on_error)
 
     def classify(self, completions: Sequence[Any]) -> tuple[float, str]:
         """Batch-mean repetition rate of ``completions`` (texts or token-id lists) and its verdict."""
         rate = float(ngram_repetition_rate(list(completions), n=self.n))
         return round(rate, 6), classify_echo(rate, warn=self.warn, trap=self.threshold)
 
-    def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def _start(self, args: TrainingArguments, state: TrainerState) -> None:
         """Find the trainer and its completions (fail fast when it has none)."""
         trainer = self._attach()
         source = choose_source(trainer)
@@ -825,10 +974,21 @@ class EchoTrapCallback(_Bound):
         self._source = source
         self._ready = True
 
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Read a generation batch made inside a gradient-accumulation micro-step (several feed a step)."""
+        if not self._ready or not isinstance(self._source, GenerationSource):
+            return
+        try:
+            self._source.collect()
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_substep_end", error, int(state.global_step))
+
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """Classify a new generation batch; stop on TRAP when ``halt``."""
+        """Classify the step's generation batches (each once); stop on TRAP when ``halt``."""
         if not self._ready or self._source is None:
             return
         try:
@@ -853,8 +1013,8 @@ class EchoTrapCallback(_Bound):
                     control.should_training_stop = True
                     message += "; stopping training (halt=True)"
                 logger.warning(message)
-        except Exception as error:
-            self._failed("on_step_end", error)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_step_end", error, int(state.global_step))
 
     def on_log(
         self,
@@ -865,17 +1025,17 @@ class EchoTrapCallback(_Bound):
         **kwargs: Any,
     ) -> None:
         """Add ``loopguard/echo/*`` to a training log."""
-        if not self._ready or logs is None or _is_eval_log(logs) or self.last is None:
+        if not self._ready or logs is None or _is_eval_log(logs):
             return
         try:
-            metrics = {
-                "loopguard/echo/repetition": self.last[1],
-                "loopguard/echo/verdict": self._worst or 0.0,
-            }
+            metrics = self._active_metrics("loopguard/echo")
+            if self.last is not None:
+                metrics["loopguard/echo/repetition"] = self.last[1]
+                metrics["loopguard/echo/verdict"] = self._worst or 0.0
             _inject(state, logs, metrics)
             self._worst = None
-        except Exception as error:
-            self._failed("on_log", error)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_log", error, int(state.global_step))
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
@@ -897,6 +1057,8 @@ class RLCheckpointCallback(_Bound):
         keep_last: Newest checkpoints to keep, >= 1. Default 3.
         directory: The store's folder; default ``<output_dir>/loopguard_checkpoints``.
         manager: Use this CheckpointManager instead of creating one (``directory`` must then be None).
+        on_error: ``"warn"`` (default) or ``"raise"``: what a failed save does while training runs (see
+            the module docs; ``loopguard/checkpoint/active`` drops to 0 in the next log after one).
         trainer: Bind to this trainer now instead of finding it at the start of training.
 
     Example:
@@ -915,6 +1077,7 @@ class RLCheckpointCallback(_Bound):
         *,
         directory: str | os.PathLike[str] | None = None,
         manager: Any = None,
+        on_error: OnError = "warn",
         trainer: Any = None,
     ) -> None:
         """Validate the settings (see the class docstring)."""
@@ -928,26 +1091,31 @@ class RLCheckpointCallback(_Bound):
         self._store: RollbackStore | None = None
         self._mitigator: RewardHackMitigator | None = None
         self._ready = False
-        super().__init__(trainer)
+        self._run: Run | None = None
+        self._sync = RankSync()
+        super().__init__(trainer, on_error)
 
     @property
     def manager(self) -> Any:
         """The CheckpointManager (created at the start of training when only a directory was given)."""
         return None if self._store is None else self._store.manager
 
-    def _store_for(self, trainer: Any, args: Any) -> RollbackStore:
-        if self._store is None:
-            manager = self._manager
-            if manager is None:
-                folder = self.directory or os.path.join(str(args.output_dir), "loopguard_checkpoints")
-                manager = open_manager(folder, keep_last=self.keep_last)
+    def _store_for(self, args: Any, state: Any, run: Run) -> RollbackStore:
+        """The store of this training session, scoped to ``run`` (created, claimed, trimmed on resume)."""
+        manager = self._manager
+        if manager is None:
+            folder = os.path.abspath(self.directory or default_store_dir(args, run))
+            current = None if self._store is None else self._store.manager
+            same = current is not None and str(current.directory) == folder
+            manager = current if same else open_manager(folder, keep_last=self.keep_last)
+        if self._store is None or self._store.manager is not manager:
             self._store = RollbackStore(manager, self.save_every_steps, confirm=True)
+        _start_store(self._store, run, state)
         return self._store
 
-    def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        """Find the trainer and an attached mitigator; create the store."""
+    def _start(self, args: TrainingArguments, state: TrainerState) -> None:
+        """Find the trainer and an attached mitigator; open the store (fail fast when it cannot be used)."""
+        self._ready = False
         trainer = self._trainer
         if trainer is None or not holds(trainer, self):
             found, _ = find_trainer(self)
@@ -959,9 +1127,22 @@ class RLCheckpointCallback(_Bound):
         self._mitigator = next(
             (cb for cb in trainer.callback_handler.callbacks if isinstance(cb, RewardHackMitigator)), None
         )
-        store = self._store_for(trainer, args)
+        _, resume = find_trainer(self)
+        self._run = resolve_run(trainer, args, state, resume, self._sync)
+        store = self._store_for(args, state, self._run)
         store.confirm = self._mitigator is not None
         self._ready = True
+
+    def on_save(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Write the run identity into the ``checkpoint-N`` folder just saved (main process)."""
+        if not self._ready or self._run is None or not state.is_world_process_zero:
+            return
+        try:
+            write_run_file(checkpoint_dir(args, state), self._run)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_save", error, int(state.global_step))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -977,5 +1158,21 @@ class RLCheckpointCallback(_Bound):
                 healthy = decision is None or (decision.verdict == "OK" and not mitigator.guard.stopped)
             extra = None if mitigator is None else mitigator.state_dict
             self._store.save(self._trainer, args, state, healthy, extra)
-        except Exception as error:
-            self._failed("on_step_end", error)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_step_end", error, int(state.global_step))
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add ``loopguard/checkpoint/active`` and ``loopguard/checkpoint/errors`` to a training log."""
+        if not self._ready or logs is None or _is_eval_log(logs):
+            return
+        try:
+            _inject(state, logs, self._active_metrics("loopguard/checkpoint"))
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_log", error, int(state.global_step))

@@ -122,6 +122,13 @@ def grpo_trainer(model_dir, tokenizer, output_dir, reward_funcs, callbacks=None,
     )
 
 
+def decisions(output_dir, name="mitigation_log.jsonl"):
+    """The decision records of a run's mitigation log (without its start / resume / error events)."""
+    from loopguard import read_mitigation_log
+
+    return [r for r in read_mitigation_log(os.path.join(str(output_dir), name)) if r["event"] == "decision"]
+
+
 class Spy(TrainerCallback):
     """Records what later callbacks see: logs, beta after each step, and anything ``probe`` returns."""
 

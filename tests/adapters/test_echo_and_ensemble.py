@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from adapter_helpers import Spy, grpo_trainer, make_echo_reward
+from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 
-from loopguard import EchoTrapCallback, GoldAudit, RewardHackMitigator, RMEnsemble, read_mitigation_log
+from loopguard import EchoTrapCallback, GoldAudit, RewardHackMitigator, RMEnsemble
 from loopguard.adapters.hf_trainer import EchoTrapCallback as Direct
 
 
@@ -51,7 +51,7 @@ def test_rm_ensemble_from_the_trainers_reward_functions_with_a_watched_member(mo
     trainer.add_callback(mitigator)
     trainer.train()
 
-    records = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
+    records = decisions(tmp_path)
     disagreement = [r["signals"].get("rm_ensemble.disagreement") for r in records]
     assert all(value is not None for value in disagreement)
     assert max(disagreement[:7]) < 1e-9  # identical members before the bug
@@ -79,5 +79,5 @@ def test_gold_audit_with_a_judge(model_dir, tokenizer, tmp_path):
     assert calls
     assert set(calls) == {8}
     assert len(calls) == 15
-    records = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
+    records = decisions(tmp_path)
     assert records[-1]["signals"]["gold"] >= 0.3  # gold fell while the proxy rose

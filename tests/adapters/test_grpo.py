@@ -6,18 +6,17 @@ it reads the completions, rewards, KL and entropy the trainer computed.
 """
 
 import json
-import warnings
 
 import pytest
 import torch
-from adapter_helpers import Spy, grpo_trainer, make_echo_reward
+from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 
-from loopguard import BangBang, EscalationLadder, RewardHackMitigator, read_mitigation_log, shape_reward
+from loopguard import BangBang, EscalationLadder, RewardHackMitigator, shape_reward
 from loopguard.checkpoint import CheckpointManager
 
 
 def _records(output_dir):
-    return read_mitigation_log(f"{output_dir}/mitigation_log.jsonl")
+    return decisions(output_dir)
 
 
 def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it_clears(
@@ -152,25 +151,6 @@ def test_bind_and_trainer_argument(model_dir, tokenizer, tmp_path):
     assert len(_records(tmp_path)) == 2
     other = RewardHackMitigator(mode="log_only").bind(trainer)
     assert other.trainer is trainer
-
-
-def test_a_failure_inside_loopguard_warns_once_and_training_continues(model_dir, tokenizer, tmp_path):
-    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=30)
-
-    def broken_setter(value):
-        raise RuntimeError("the cluster's parameter server is down")
-
-    mitigator = RewardHackMitigator(
-        mode="kl_control", warmup_steps=3, coefficient=(lambda: trainer.beta, broken_setter)
-    )
-    trainer.add_callback(mitigator)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer.train()
-    ours = [w for w in caught if "RewardHackMitigator.on_step_end failed" in str(w.message)]
-    assert len(ours) == 1
-    assert "parameter server is down" in str(ours[0].message)
-    assert trainer.state.global_step == 30  # training went on
 
 
 def test_pid_lagrangian_rollback_restores_exact_tensors_then_stops_after_max_rollbacks(

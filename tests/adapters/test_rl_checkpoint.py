@@ -2,9 +2,9 @@
 rollback source for RewardHackMitigator."""
 
 import torch
-from adapter_helpers import Spy, fresh_model, grpo_trainer, make_echo_reward
+from adapter_helpers import Spy, decisions, fresh_model, grpo_trainer, make_echo_reward
 
-from loopguard import EscalationLadder, RewardHackMitigator, RLCheckpointCallback, read_mitigation_log
+from loopguard import EscalationLadder, RewardHackMitigator, RLCheckpointCallback
 from loopguard.checkpoint import CheckpointManager
 
 
@@ -57,12 +57,12 @@ def test_rollback_through_an_rl_checkpoint_callback(model_dir, tokenizer, tmp_pa
     trainer.train()
 
     rollback = next(
-        r for r in read_mitigation_log(tmp_path / "mitigation_log.jsonl") if r["action"] == "rollback"
+        r for r in decisions(tmp_path) if r["action"] == "rollback"
     )
     restored = rollback["extra"]["adapter"]["rolled_back_to"]
     assert mitigator.checkpoints is checkpoints.manager
     assert all(torch.equal(spy.probes[rollback["step"]][k], v) for k, v in spy.probes[restored].items())
     first_warn = next(
-        r["step"] for r in read_mitigation_log(tmp_path / "mitigation_log.jsonl") if r["verdict"] != "OK"
+        r["step"] for r in decisions(tmp_path) if r["verdict"] != "OK"
     )
     assert restored < first_warn  # the last good checkpoint before the hack's onset

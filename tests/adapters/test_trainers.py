@@ -7,16 +7,16 @@ trip. Offline DPO has no rollouts: the test checks the accessor and that the imp
 
 import pytest
 import torch
-from adapter_helpers import MAX_COMPLETION, fresh_model, make_echo_reward, prompts_dataset
+from adapter_helpers import MAX_COMPLETION, decisions, fresh_model, make_echo_reward, prompts_dataset
 from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 import loopguard
-from loopguard import BangBang, RewardHackMitigator, read_mitigation_log
+from loopguard import BangBang, RewardHackMitigator
 
 
 def _records(output_dir):
-    return read_mitigation_log(f"{output_dir}/mitigation_log.jsonl")
+    return decisions(output_dir)
 
 
 def _common(output_dir, **overrides):

@@ -6,7 +6,9 @@ holds the hacked samples). Rank 0's tap sees healthy text. The mitigator must ta
 same beta on both ranks at every step, and its rollback must leave both ranks with the checkpoint's weights.
 
 Usage: ``python -m torch.distributed.run --standalone --nproc_per_node 2 grpo_rank_worker.py OUT [nosync]``;
-``nosync`` disables the rank synchronisation (to show that the test catches its absence).
+``nosync`` disables the rank synchronisation (to show that the test catches its absence); each rank then
+also keeps its own rollback store (without the broadcast, each rank starts its own run identity, and a store
+belongs to one run).
 """
 
 from __future__ import annotations
@@ -89,10 +91,11 @@ def main():
             completions=completions, completion_ids=completion_ids, trainer_state=trainer_state, **kwargs
         )
 
+    store = os.path.join(shared, f"store-rank{rank}" if nosync else "store")
     mitigator = RewardHackMitigator(
         mode="kl_control",
         rollback=EscalationLadder(rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=50),
-        checkpoint=os.path.join(shared, "store"),
+        checkpoint=store,
         checkpoint_every=2,
         warmup_steps=3,
         taps=[tapped],
@@ -127,7 +130,7 @@ def main():
     if mitigator.rollbacks:
         restored = mitigator.rollbacks[0]["restored_step"]
         model = type(trainer.model).from_pretrained(model_dir)
-        CheckpointManager(os.path.join(shared, "store")).restore(restored, model, rng=False)
+        CheckpointManager(store).restore(restored, model, rng=False)
         result["checkpoint"] = digest(model)
     with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump(result, handle)

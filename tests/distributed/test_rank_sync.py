@@ -46,9 +46,10 @@ def test_grpo_ranks_take_one_decision(tmp_path):
     # rank 0's data stayed healthy, yet it raised beta and rolled back with rank 1
     assert [steps[str(s)]["action"] for s in (7, 8)] == ["rollback", "raise_beta"]
     assert steps["8"]["beta"] > steps["1"]["beta"]
-    # one flag reduce per step, plus severity reduce and a 2-part broadcast per observed step, plus the
-    # rollback's 2 barriers and its success check: the same count on both ranks
-    assert results[0]["collectives"] == results[1]["collectives"] == 8 * 4 + 3
+    # the run identity's 2-part broadcast at the start, then one flag reduce per step, plus severity reduce
+    # and a 2-part broadcast per observed step, plus the rollback's 2 barriers and its success check: the same
+    # count on both ranks
+    assert results[0]["collectives"] == results[1]["collectives"] == 2 + 8 * 4 + 3
 
 
 def test_without_the_reduction_the_ranks_diverge(tmp_path):

@@ -1,0 +1,115 @@
+"""The mitigator observes exactly what the trainer trained on (real TRL GRPO, tiny GPT-2, CPU).
+
+* Several generation batches per optimizer step (``generation_batch_size`` below the step's batch, so that
+  ``steps_per_generation x num_iterations < gradient_accumulation_steps``): every batch is observed, and the
+  step's observation holds the union of what the reward functions were given.
+* Unscorable completions (every reward function returned None) are left out, as TRL leaves them out: the
+  observed rewards are TRL's, never 0 in their place, and groups that lose members stay groups.
+"""
+
+import zlib
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+from adapter_helpers import gold, grpo_trainer
+
+from loopguard import RewardHackMitigator, read_mitigation_log
+
+
+def _record_observations(mitigator):
+    """Keep every Observation the mitigator's (real) Guard steps on, by wrapping its bound ``step``."""
+    seen = []
+    step = mitigator.guard.step
+
+    def recording(observation, **kwargs):
+        seen.append(observation)
+        return step(observation, **kwargs)
+
+    mitigator.guard.step = recording
+    return seen
+
+
+def test_every_generation_batch_of_a_step_is_observed(model_dir, tokenizer, tmp_path):
+    calls = defaultdict(list)  # optimizer step -> completions the reward function was given
+
+    def distinct(completions, trainer_state=None, **kwargs):
+        calls[trainer_state.global_step + 1].extend(completions)
+        return gold(completions)
+
+    # 16 completions per optimizer step, generated 8 at a time: 2 generation batches feed each step.
+    trainer = grpo_trainer(
+        model_dir,
+        tokenizer,
+        tmp_path,
+        [distinct],
+        max_steps=6,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,
+        steps_per_generation=1,
+    )
+    assert trainer.args.generation_batch_size == 8
+    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    observed = _record_observations(mitigator)
+    trainer.add_callback(mitigator)
+    trainer.train()
+
+    assert sum(len(batch) for batch in calls.values()) == 12 * 8  # 12 batches scored in 6 steps
+    assert [obs.step for obs in observed] == [1, 2, 3, 4, 5, 6]
+    for obs in observed:
+        assert Counter(obs.completions) == Counter(calls[obs.step])  # the union of both batches
+        assert len(obs.rewards) == 16
+        assert obs.group_size == 4
+        assert np.mean(obs.rewards) == pytest.approx(np.mean(gold(calls[obs.step])))
+    records = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
+    decisions = [r for r in records if r.get("event", "decision") == "decision"]
+    for record, obs in zip(decisions, observed, strict=True):
+        assert record["reward_mean"] == pytest.approx(float(np.mean(obs.rewards)))
+        # TRL's own per-step metric averages the two batches: the same mean
+        assert record["extra"]["adapter"]["trainer_metrics"]["reward_std"] >= 0
+        assert "2 generation batches fed this optimizer step" in " ".join(record["extra"]["adapter"]["batch_notes"])
+
+
+def test_unscorable_completions_are_left_out_as_trl_does(model_dir, tokenizer, tmp_path):
+    given = {}  # optimizer step -> (completions, returned rewards)
+    rng = np.random.default_rng(0)
+
+    def verifier(prompts, completions, trainer_state=None, **kwargs):
+        """Cannot score prompts that start with an even word, nor ~1 in 5 other completions."""
+        out = []
+        for prompt, text in zip(prompts, completions, strict=True):
+            if int(prompt.split()[0][1:]) % 2 == 0 or rng.random() < 0.2:
+                out.append(None)
+            else:
+                out.append(len(set(text.split())) / 8 + zlib.crc32(text.encode()) / 2**32)  # continuous
+        given[trainer_state.global_step + 1] = (list(completions), out)
+        return out
+
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [verifier], max_steps=8, learning_rate=0.0)
+    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    observed = _record_observations(mitigator)
+    trainer.add_callback(mitigator)
+    trainer.train()
+
+    trl_reward = trainer.state.log_history
+    per_step = {entry["step"]: entry for entry in trl_reward if "reward" in entry}
+    assert len(observed) == 8
+    dropped_somewhere = False
+    for obs in observed:
+        completions, rewards = given[obs.step]
+        scored = [r for r in rewards if r is not None]
+        dropped_somewhere |= len(scored) < len(rewards)
+        assert list(obs.rewards) == pytest.approx(scored)  # TRL's rewards: unscorable rows left out, never 0
+        assert list(obs.completions) == [c for c, r in zip(completions, rewards, strict=True) if r is not None]
+        assert float(np.mean(obs.rewards)) == pytest.approx(per_step[obs.step]["reward"], abs=1e-6)
+        # groups keep their members (ragged where a completion was unscorable), in order
+        sizes = obs.group_sizes if obs.group_sizes is not None else (obs.group_size,) * (len(obs.rewards) // 4)
+        expected = [sum(r is not None for r in rewards[g : g + 4]) for g in range(0, len(rewards), 4)]
+        assert list(sizes) == [n for n in expected if n]
+    assert dropped_somewhere
+    # A frozen policy with a continuous reward: TRL sees no zero-variance group, and neither does the Guard
+    # (before, the unscorable completions scored 0 made whole groups look collapsed).
+    log = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
+    records = [r for r in log if r.get("event", "decision") == "decision"]
+    assert [r["extra"]["adapter"]["trainer_metrics"]["frac_reward_zero_std"] for r in records] == [0.0] * 8
+    assert [r["signals"]["collapse.zero_std_groups"] for r in records] == [0.0] * 8
