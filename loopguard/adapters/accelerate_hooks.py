@@ -26,13 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from typing import Any, Protocol
 
+from loopguard._saved_state import read_state_file, write_state_file
 from loopguard.adapters._distributed import RankSync
-from loopguard.exceptions import LoopguardTypeError
+from loopguard.exceptions import LoopguardTypeError, StateError
 
 __all__ = ["STATE_FILE", "JSONStateful", "rank_sync", "read_state", "register_state"]
 
@@ -64,13 +64,13 @@ def read_state(folder: str | os.PathLike[str], filename: str = STATE_FILE) -> di
 
     Raises:
         FileNotFoundError: the folder has no loopguard state.
-        ValueError: the file is not a JSON object.
+        StateError: the file is not a regular file, not strict JSON (``NaN`` included) or not a JSON object.
     """
-    with open(os.path.join(os.fspath(folder), filename), encoding="utf-8") as handle:
-        payload = json.load(handle)
+    path = os.path.join(os.fspath(folder), filename)
+    payload = read_state_file(path)
     if not isinstance(payload, dict):
-        msg = f"{filename} must hold a JSON object, got {type(payload).__name__}."
-        raise ValueError(msg)
+        msg = f"{path} must hold a JSON object, got {type(payload).__name__}."
+        raise StateError(msg)
     return payload
 
 
@@ -99,15 +99,11 @@ def register_state(accelerator: Any, obj: JSONStateful, *, filename: str = STATE
         if not accelerator.is_main_process:
             return
         os.makedirs(output_dir, exist_ok=True)
-        path = os.path.join(output_dir, filename)
-        temp = f"{path}.tmp"
-        with open(temp, "w", encoding="utf-8") as handle:
-            json.dump(obj.state_dict(), handle)
-        os.replace(temp, path)
+        write_state_file(os.path.join(output_dir, filename), obj.state_dict())
 
     def load_hook(models: Any, input_dir: str) -> None:
         path = os.path.join(input_dir, filename)
-        if not os.path.isfile(path):
+        if not os.path.lexists(path):
             warnings.warn(
                 f"loopguard: {path} not found; the loopguard state starts fresh.",
                 RuntimeWarning,

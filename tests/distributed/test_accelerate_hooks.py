@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 
 import pytest
 
 from loopguard import Guard
 from loopguard.adapters.accelerate_hooks import STATE_FILE, rank_sync, read_state, register_state
 from loopguard.adapters.loop import LoopGuard
-from loopguard.exceptions import LoopguardTypeError
+from loopguard.exceptions import LoopguardTypeError, StateError
 
 
 class Handle:
@@ -80,3 +82,23 @@ def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="JSON object"):
         read_state(tmp_path)
     assert not rank_sync(FakeAccelerator()).active
+
+
+def test_a_bad_state_file_is_refused_at_load_never_half_applied_or_skipped(tmp_path):
+    loop = LoopGuard(Guard(warmup_steps=3, beta=0.3))
+    accelerator = FakeAccelerator()
+    register_state(accelerator, loop)
+    accelerator.save_state(tmp_path / "good")
+    text = (tmp_path / "good" / STATE_FILE).read_text()
+    before = loop.state_dict()
+    bad = tmp_path / "nan"
+    bad.mkdir()
+    (bad / STATE_FILE).write_text(text.replace('"vote": 0.0', '"vote": NaN', 1))
+    with pytest.raises(StateError, match=re.escape("NaN is not JSON")):
+        accelerator.load_state(bad)
+    fifo = tmp_path / "fifo"
+    fifo.mkdir()
+    os.mkfifo(fifo / STATE_FILE)
+    with pytest.raises(StateError, match="is not a regular file"):  # refused at once, never blocks
+        accelerator.load_state(fifo)
+    assert loop.state_dict() == before
