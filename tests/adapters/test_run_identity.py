@@ -42,7 +42,8 @@ def _run(model_dir, tokenizer, output_dir, *, hack_from, max_steps, learning_rat
         warmup_steps=4,
         rollback=EscalationLadder(rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=50),
     )
-    checkpoints = RLCheckpointCallback(save_every_steps=2)  # default store: <output_dir>/loopguard_checkpoints
+    # default store (<output_dir>/loopguard_checkpoints); every checkpoint kept, so A's early ones stay there
+    checkpoints = RLCheckpointCallback(save_every_steps=2, keep_last=50)
     trainer = grpo_trainer(
         model_dir,
         tokenizer,
@@ -63,7 +64,8 @@ def _run(model_dir, tokenizer, output_dir, *, hack_from, max_steps, learning_rat
 def test_a_fresh_run_in_a_reused_output_dir_restores_only_its_own_weights(model_dir, tokenizer, tmp_path):
     # Run A: healthy, a different learning rate, saves rollback checkpoints at steps 2, 4, ..., 24.
     _, first, digests_a = _run(model_dir, tokenizer, tmp_path, hack_from=10**9, max_steps=24, learning_rate=1e-2)
-    # Run B: fresh, same output_dir; the hack from step 8 trips, persists, and B rolls back.
+    # Run B: fresh, same output_dir; the hack from step 8 trips, persists, and B rolls back -- to a step at
+    # which A saved a good checkpoint too (a shared store would hand B A's weights).
     _, second, digests_b = _run(model_dir, tokenizer, tmp_path, hack_from=8, max_steps=30, learning_rate=3e-2)
 
     assert first.run_id != second.run_id
@@ -77,6 +79,7 @@ def test_a_fresh_run_in_a_reused_output_dir_restores_only_its_own_weights(model_
     store_a = CheckpointManager(tmp_path / "loopguard_checkpoints" / first.run_id)
     store_b = CheckpointManager(tmp_path / "loopguard_checkpoints" / second.run_id)
     assert store_a.steps()[-1] == 24
+    assert restored in store_a.good_steps()  # A has a good checkpoint at that very step
     assert store_b.steps()[0] <= restored
     manifest = json.loads((store_b.directory / f"step-{restored:08d}" / "manifest.json").read_text())
     assert manifest["run"] == second.run_id
