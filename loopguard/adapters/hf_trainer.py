@@ -8,7 +8,8 @@ Three callbacks live here; each is thin (the Guard decides, :mod:`loopguard.adap
 trainer, :mod:`loopguard.adapters._beta` writes beta, :mod:`loopguard.adapters._rollback` saves and restores
 rollback checkpoints):
 
-* :class:`RewardHackMitigator` -- every new generation batch becomes one :class:`~loopguard.Observation`;
+* :class:`RewardHackMitigator` -- each optimizer step's new generation batches become one
+  :class:`~loopguard.Observation`;
   the Guard's :class:`~loopguard.Decision` is applied (beta through the trainer's accessor, rollback through a
   :class:`~loopguard.checkpoint.CheckpointManager`, stop through ``control.should_training_stop``), logged to
   ``mitigation_log.jsonl`` and reported as ``loopguard/*`` metrics through ``report_to``.
@@ -287,9 +288,10 @@ def _worse(current: float | None, new: float) -> float:
 class RewardHackMitigator(_Bound):
     """Watch a TRL / transformers training run for reward hacking and close the loop.
 
-    ``trainer.add_callback(RewardHackMitigator(mode="kl_control"))``. Each new generation batch (read once,
-    however many optimizer steps reuse it) becomes an :class:`~loopguard.Observation`: the proxy reward
-    (TRL's weighted sum of the reward functions' *unshaped* outputs), completions and their token ids (the
+    ``trainer.add_callback(RewardHackMitigator(mode="kl_control"))``. The generation batches of each optimizer
+    step (each read once, however many steps reuse it; several when they feed one step) become one
+    :class:`~loopguard.Observation`: the proxy reward (TRL's weighted sum of the reward functions' *unshaped*
+    outputs; unscorable completions left out, as TRL leaves them out), completions and their token ids (the
     trainer's tokenizer), prompts, ``num_generations`` as the group size, the step's mean ``kl`` and
     ``entropy``. The :class:`~loopguard.Guard` decides; the mitigator applies the decision:
 
@@ -306,8 +308,10 @@ class RewardHackMitigator(_Bound):
     metrics go into the trainer's logs: ``beta``, ``verdict`` (0 OK, 1 WARN, 2 HACK: the worst since the last
     logging step), ``vote``, ``action`` (0 none, 1 lower_beta, 2 raise_beta, 3 rollback, 4 stop: the worst
     since the last logging step), ``score/<signal>`` (0 while warming up or when the signal had no input),
-    ``warming_up`` and ``rollbacks``. The state is written
-    to ``loopguard_state.json`` in each ``checkpoint-N`` and read back on ``resume_from_checkpoint``.
+    ``warming_up``, ``rollbacks``, ``active`` (0 after a failure since the last log) and ``errors``. The
+    state is written to ``loopguard_state.json`` in each ``checkpoint-N`` and read back on
+    ``resume_from_checkpoint``, with the run identity (``run_id``; ``loopguard_run.json``) that scopes the
+    rollback store and the log records (see ``docs/trl.md``).
 
     Args:
         mode: ``"kl_control"`` (bang-bang, default), ``"pid_lagrangian"``, ``"adaptive_kl"`` or ``"log_only"``
@@ -340,6 +344,9 @@ class RewardHackMitigator(_Bound):
         group_size: Completions per prompt for tapped rewards (GRPO / RLOO use ``num_generations``).
         log_path: The JSONL mitigation log; default ``<output_dir>/mitigation_log.jsonl``.
         guard_options: More :class:`~loopguard.Guard` options (``smoothing``, ``vote``, ``hack_level``, ...).
+        on_error: What a failure inside loopguard while training runs does: ``"warn"`` (default: a warning
+            and a logged error naming the step, every time; ``loopguard/active`` 0; an ``error`` record in
+            the mitigation log; training goes on) or ``"raise"`` (fatal). Passed to the Guard as well.
         trainer: Bind to this trainer now instead of finding it at the start of training.
 
     Raises:
@@ -347,7 +354,9 @@ class RewardHackMitigator(_Bound):
             ``info_rm`` without ``embed_fn``, a ``gold`` signal without ``gold_fn``, a bool for a number,
             ``checkpoint`` without a rollback ladder; at the start of training for a trainer whose beta is 0
             (or not found) in a KL-changing mode, rollback without a checkpoint source, unknown ensemble
-            members, or a trainer with nothing to observe.
+            members, a trainer with nothing to observe, a rollback store that cannot be read or belongs to
+            another run, a resume state or run file that does not load, or any other exception while
+            starting (raised as a ``ConfigError``).
 
     Example:
         >>> mitigator = RewardHackMitigator(mode="log_only", signals=["repetition", "diversity"])
