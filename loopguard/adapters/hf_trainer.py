@@ -146,8 +146,10 @@ class _Bound(TrainerCallback):
     """Trainer binding, train-start attachment and the run-time failure policy shared by the callbacks."""
 
     _name = "callback"
+    _metric_prefix = "loopguard"
 
     def __init__(self, trainer: Any = None, on_error: OnError = "warn") -> None:
+        self._ready = False  # set by _start once the callback works
         self._trainer: Any = None
         self._warned: set[str] = set()
         self._resume_from: str | None = None
@@ -217,6 +219,26 @@ class _Bound(TrainerCallback):
                 f"{type(error).__name__}: {error}"
             )
             raise ConfigError(msg) from error
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """Add this callback's ``loopguard/*`` metrics to a training log, before the reporters see it."""
+        if not self._ready or logs is None or _is_eval_log(logs):
+            return
+        try:
+            _inject(state, logs, self._log_metrics())
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_log", error, int(state.global_step))
+
+    def _log_metrics(self) -> dict[str, float]:
+        """The metrics of one training log (default: ``<prefix>/active`` and ``<prefix>/errors``)."""
+        return self._active_metrics(self._metric_prefix)
 
     def _active_metrics(self, prefix: str) -> dict[str, float]:
         """``<prefix>/active`` (0 after a failure since the last log) and ``<prefix>/errors`` (a count)."""
@@ -457,7 +479,6 @@ class RewardHackMitigator(_Bound):
         self._own_store = False
         self._members: tuple[str, ...] | None = None
         self._log: MitigationLog | None = None
-        self._ready = False
         self._onset: int | None = None
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
@@ -867,25 +888,14 @@ class RewardHackMitigator(_Bound):
             out[f"loopguard/score/{detector.name}"] = float(score) if math.isfinite(score) else 0.0
         out["loopguard/warming_up"] = 1.0 if decision is None or decision.warming_up else 0.0
         out["loopguard/rollbacks"] = float(len(self.rollbacks))
-        out.update(self._active_metrics("loopguard"))
+        out.update(self._active_metrics(self._metric_prefix))
         return out
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Add the ``loopguard/*`` metrics to a training log (before the reporting integrations see it)."""
-        if not self._ready or logs is None or _is_eval_log(logs):
-            return
-        try:
-            _inject(state, logs, self.metrics())
-            self._since_log = {}
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_log", error, int(state.global_step))
+    def _log_metrics(self) -> dict[str, float]:
+        """The ``loopguard/*`` metrics for this log; the worst-since-last-log trackers start over."""
+        out = self.metrics()
+        self._since_log = {}
+        return out
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -939,6 +949,7 @@ class EchoTrapCallback(_Bound):
     """
 
     _name = "EchoTrapCallback"
+    _metric_prefix = "loopguard/echo"
 
     def __init__(
         self,
@@ -960,7 +971,6 @@ class EchoTrapCallback(_Bound):
             else check_real("warn", warn, lo=0.0, hi=self.threshold, lo_inclusive=False, hi_inclusive=False)
         )
         self._source: GenerationSource | TapSource | MetricSource | None = None
-        self._ready = False
         self.last: tuple[int, float, str] | None = None
         self._worst: float | None = None
         super().__init__(trainer, on_error)
@@ -1025,26 +1035,14 @@ class EchoTrapCallback(_Bound):
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_step_end", error, int(state.global_step))
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Add ``loopguard/echo/*`` to a training log."""
-        if not self._ready or logs is None or _is_eval_log(logs):
-            return
-        try:
-            metrics = self._active_metrics("loopguard/echo")
-            if self.last is not None:
-                metrics["loopguard/echo/repetition"] = self.last[1]
-                metrics["loopguard/echo/verdict"] = self._worst or 0.0
-            _inject(state, logs, metrics)
-            self._worst = None
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_log", error, int(state.global_step))
+    def _log_metrics(self) -> dict[str, float]:
+        """``loopguard/echo/*`` for this log: the latest rate, the worst verdict since the last log."""
+        metrics = self._active_metrics(self._metric_prefix)
+        if self.last is not None:
+            metrics["loopguard/echo/repetition"] = self.last[1]
+            metrics["loopguard/echo/verdict"] = self._worst or 0.0
+        self._worst = None
+        return metrics
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
@@ -1078,6 +1076,7 @@ class RLCheckpointCallback(_Bound):
     """
 
     _name = "RLCheckpointCallback"
+    _metric_prefix = "loopguard/checkpoint"
 
     def __init__(
         self,
@@ -1099,7 +1098,6 @@ class RLCheckpointCallback(_Bound):
         self._manager = None if manager is None else open_manager(manager)
         self._store: RollbackStore | None = None
         self._mitigator: RewardHackMitigator | None = None
-        self._ready = False
         self._run: Run | None = None
         self._sync = RankSync()
         super().__init__(trainer, on_error)
@@ -1170,18 +1168,4 @@ class RLCheckpointCallback(_Bound):
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_step_end", error, int(state.global_step))
 
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        """Add ``loopguard/checkpoint/active`` and ``loopguard/checkpoint/errors`` to a training log."""
-        if not self._ready or logs is None or _is_eval_log(logs):
-            return
-        try:
-            _inject(state, logs, self._active_metrics("loopguard/checkpoint"))
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_log", error, int(state.global_step))
+
