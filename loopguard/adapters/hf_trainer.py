@@ -269,6 +269,23 @@ class _Bound(TrainerCallback):
         return trainer
 
 
+class _Observer(_Bound):
+    """A callback that reads what the trainer generated: every generation batch of a step, each once."""
+
+    _source: GenerationSource | TapSource | MetricSource | None = None
+
+    def on_substep_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Read a generation batch made inside a gradient-accumulation micro-step (several feed a step)."""
+        if not self._ready or not isinstance(self._source, GenerationSource):
+            return
+        try:
+            self._source.collect()
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_substep_end", error, int(state.global_step))
+
+
 def _start_store(store: RollbackStore, run: Run, state: TrainerState) -> None:
     """Scope a rollback store to the run of this training session (claim it; trim an abandoned timeline)."""
     discarded = store.start(run, main=bool(state.is_world_process_zero))
@@ -307,7 +324,7 @@ def _worse(current: float | None, new: float) -> float:
 # -------------------------------------------------------------------------------------------- the mitigator
 
 
-class RewardHackMitigator(_Bound):
+class RewardHackMitigator(_Observer):
     """Watch a TRL / transformers training run for reward hacking and close the loop.
 
     ``trainer.add_callback(RewardHackMitigator(mode="kl_control"))``. The generation batches of each optimizer
@@ -714,17 +731,6 @@ class RewardHackMitigator(_Bound):
             raise ConfigError(msg) from None
         logger.info("loopguard: restored the mitigator state from %s (beta %s)", path, self.beta)
 
-    def on_substep_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        """Read a generation batch made inside a gradient-accumulation micro-step (several feed a step)."""
-        if not self._ready or not isinstance(self._source, GenerationSource):
-            return
-        try:
-            self._source.collect()
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_substep_end", error, int(state.global_step))
-
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
@@ -915,7 +921,7 @@ class RewardHackMitigator(_Bound):
 # -------------------------------------------------------------------------------------------- echo traps
 
 
-class EchoTrapCallback(_Bound):
+class EchoTrapCallback(_Observer):
     """Flag echo traps: the n-gram repetition rate of each generation batch, OK / WARN / TRAP, halt on TRAP.
 
     Reads each new generation batch once (GRPO / RLOO logs, or :func:`loopguard.tap` records). Repetition is
@@ -992,17 +998,6 @@ class EchoTrapCallback(_Bound):
             raise ConfigError(msg)
         self._source = source
         self._ready = True
-
-    def on_substep_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        """Read a generation batch made inside a gradient-accumulation micro-step (several feed a step)."""
-        if not self._ready or not isinstance(self._source, GenerationSource):
-            return
-        try:
-            self._source.collect()
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_substep_end", error, int(state.global_step))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
