@@ -1,8 +1,8 @@
-"""Iterative DPO with safety gates, on CPU in about a minute: an honest run, then a reward model with a bug.
+"""Iterative DPO with safety gates, on CPU in under a minute: an honest run, then a reward model with a bug.
 
 A tiny GPT-2 (2 layers, 32 hidden) over a 24-word vocabulary is built from a config with an in-process
-tokenizer (nothing is downloaded). Each round samples 4 completions for each of 16 prompts, pairs best
-against worst, trains a few DPO steps against the previous round's policy, then audits the candidate.
+tokenizer (nothing is downloaded). Each round samples 8 completions for each of 32 prompts, pairs best
+against worst, trains 8 DPO steps against the previous round's policy, then audits the candidate.
 
 * **Honest run.** The reward pays for words from the first half of the vocabulary (``w0`` .. ``w11``); the
   gold audit is the same function. Every round is promoted and the reward climbs.
@@ -10,6 +10,19 @@ against worst, trains a few DPO steps against the previous round's policy, then 
   to say ``w0 w0 w0 ...``: the proxy reward soars while the gold audit (distinct words, what we really want)
   and diversity fall. The gates block the hacked rounds and the run stops with an explanation; the last
   policy that passed stays the result.
+
+The training settings keep what the gates measure from hinging on the last bits of a float (the thread
+count changes those bits):
+
+* **SGD, not Adam.** Adam moves every weight by about the learning rate however small its gradient. Once
+  most completions are good, chosen and rejected texts share most words and the DPO gradient nearly
+  cancels; Adam still takes full-size steps, in whatever direction rounding noise points, so a tiny model
+  could collapse onto one word or swing to the words it was taught to avoid in a round whose DPO loss fell
+  -- and which round did so changed with the thread count. SGD steps scale with the gradient: a weak,
+  noisy direction barely moves the policy, and every round is a small, reproducible step.
+* **beta 1.0**: a tight anchor to the round's reference.
+* **256 audit samples** (8 completions x 32 prompts): each gate is a statistic of the audit samples, and
+  more of them means less sampling noise in its value.
 
 Run: ``python examples/iterative_dpo.py`` (add ``--rounds 4`` for more rounds).
 """
@@ -38,7 +51,7 @@ transformers.logging.set_verbosity_error()
 Scorer = Callable[[list[str], list[str]], list[float]]
 
 WORDS = [f"w{i}" for i in range(24)]
-PROMPTS = [f"w{i % 24} w{(i + 5) % 24} " for i in range(16)]  # a trailing space: completions append as text
+PROMPTS = [f"w{i % 24} w{(i + 5) % 24} " for i in range(32)]  # a trailing space: completions append as text
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -84,9 +97,9 @@ def run(title: str, reward: Scorer, gold: Scorer, rounds: int, output_dir: str) 
     tokenizer = build_tokenizer()
     recipe = IterativeDPO(
         build_policy(tokenizer), tokenizer, PROMPTS, reward, rounds=rounds, output_dir=output_dir,
-        samples_per_prompt=4, pairing="max_min", gold=gold, max_new_tokens=8,
+        samples_per_prompt=8, pairing="max_min", gold=gold, max_new_tokens=8, beta=1.0,
         dpo_args={"use_cpu": True, "bf16": False, "max_steps": 8, "per_device_train_batch_size": 8,
-                  "learning_rate": 2e-2, "lr_scheduler_type": "constant", "max_length": 32},
+                  "optim": "sgd", "learning_rate": 0.3, "lr_scheduler_type": "constant", "max_length": 32},
     )  # fmt: skip
     start = time.perf_counter()
     result = recipe.run()

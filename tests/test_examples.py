@@ -26,6 +26,7 @@ def test_signals_demo_separates_healthy_from_hacked(capsys):
 
 def test_iterative_dpo_example_promotes_honest_rounds_and_blocks_the_hack():
     import os
+    import re
     import subprocess
     import sys
 
@@ -38,7 +39,14 @@ def test_iterative_dpo_example_promotes_honest_rounds_and_blocks_the_hack():
         env=env,
         check=True,
     )
-    out = result.stdout
-    assert "3 round(s) finished, 3 promoted" in out
-    assert "blocked: gold score drop" in out
-    assert "round-01/model; it stays the result" in out
+    honest, marker, buggy = result.stdout.partition("== reward model with a w0 bug")
+    assert marker, result.stdout
+    # The honest run: every round passes every gate.
+    assert "3 round(s) finished, 3 promoted" in honest, honest
+    assert "blocked:" not in honest, honest
+    # The buggy run: the gold audit blocks the hacked round(s), and the policy the run ends on is the last
+    # one that passed (which round the hack first shows in is the example's dynamics, not the gates').
+    assert "blocked: gold score drop" in buggy, buggy
+    promoted = [int(r) for r in re.findall(r"^\s*(\d+)\s+yes\s", buggy, flags=re.MULTILINE)]
+    kept = f"buggy/round-{max(promoted):02d}/model" if promoted else "buggy/initial/model"
+    assert re.search(re.escape(kept) + r"(; it stays the result|\.)", buggy), buggy
