@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from loopguard._validation import check_bool, check_int, check_real, describe
-from loopguard.exceptions import LoopguardError, StateError
+from loopguard.exceptions import InputError, LoopguardError, StateError
 
 __all__ = [
     "MAX_STATE_FILE_BYTES",
@@ -41,9 +41,11 @@ __all__ = [
     "check_state_reals",
     "check_state_text",
     "decode_rollbacks",
+    "fsync_dir",
     "open_state",
     "parse_state_json",
     "read_state_file",
+    "write_atomic",
     "write_state_file",
 ]
 
@@ -119,17 +121,33 @@ def read_state_file(path: str, *, limit: int = MAX_STATE_FILE_BYTES) -> Any:
     return parse_state_json(data, path)
 
 
-def write_state_file(path: str, value: Any) -> None:
-    """Write ``value`` as strict JSON to ``path`` atomically (temporary sibling, fsync, rename).
+def fsync_dir(path: str) -> None:
+    """``fsync`` a directory so a rename in it is durable (a file system that cannot do it is skipped)."""
+    with contextlib.suppress(OSError):  # the rename still happened
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically: a temporary sibling, ``fsync``, rename, ``fsync`` the dir.
+
+    A reader sees the old file or the new one, never a part of either; ``path`` is never written through a
+    symlink.
 
     Raises:
-        ValueError: ``value`` holds a non-finite float (it would not read back).
+        InputError: ``path`` is a symlink.
         OSError: the file cannot be written; ``path`` is then untouched.
     """
-    data = json.dumps(value, allow_nan=False).encode("utf-8")
-    temp = f"{path}.tmp-{secrets.token_hex(8)}"
+    folder = os.path.dirname(path) or "."
+    if os.path.islink(path):
+        msg = f"`{path}` must not be a symlink (loopguard never writes through one), got a symlink."
+        raise InputError(msg)
+    temp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{secrets.token_hex(8)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -139,6 +157,18 @@ def write_state_file(path: str, value: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(temp)
         raise
+    fsync_dir(folder)
+
+
+def write_state_file(path: str, value: Any) -> None:
+    """Write ``value`` as strict JSON to ``path`` atomically (see :func:`write_atomic`).
+
+    Raises:
+        ValueError: ``value`` holds a non-finite float (it would not read back).
+        InputError: ``path`` is a symlink.
+        OSError: the file cannot be written; ``path`` is then untouched.
+    """
+    write_atomic(path, json.dumps(value, allow_nan=False).encode("utf-8"))
 
 
 class Fields:

@@ -68,6 +68,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from loopguard._saved_state import fsync_dir, write_atomic
 from loopguard._validation import (
     MAX_ENSEMBLE_MEMBERS,
     MAX_TRAJECTORIES,
@@ -141,40 +142,8 @@ _MAX_DPO_ARGS = 256
 # atomic writes
 
 
-def _fsync_dir(path: str) -> None:
-    with contextlib.suppress(
-        OSError
-    ):  # some file systems cannot fsync a directory; the rename still happened
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file in the same directory, ``fsync`` and ``os.replace``."""
-    folder = os.path.dirname(path) or "."
-    if os.path.islink(path):
-        msg = f"`{path}` must not be a symlink (loopguard never writes through one), got a symlink."
-        raise InputError(msg)
-    temp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{secrets.token_hex(8)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    _fsync_dir(folder)
-
-
 def _write_json(path: str, value: Mapping[str, Any]) -> None:
-    _write_atomic(path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode())
+    write_atomic(path, (json.dumps(value, indent=2, allow_nan=False) + "\n").encode())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1151,7 +1120,7 @@ class IterativeDPO:
         finally:
             if os.path.isdir(temp):
                 shutil.rmtree(temp, ignore_errors=True)
-        _fsync_dir(parent)
+        fsync_dir(parent)
 
     def _round_prompts(self, step: RoundPlan) -> list[str]:
         count = len(self._prompts) if step.num_prompts is None else step.num_prompts
@@ -1305,7 +1274,7 @@ class IterativeDPO:
             capped = len(pairs) - config.pairs_per_round
             pairs = [pairs[i] for i in sorted(order)]
         lines = "".join(json.dumps(pair.to_json(), allow_nan=False) + "\n" for pair in pairs)
-        _write_atomic(step.pairs_path, lines.encode())
+        write_atomic(step.pairs_path, lines.encode())
         flat_lengths = np.asarray([n for row in lengths for n in row], dtype=np.int64)
         metrics: dict[str, Any] = {
             "round": step.round,

@@ -6,9 +6,9 @@ import re
 import pytest
 from recipe_helpers import PROMPTS, low_words, tiny_policy, tiny_reward_model
 
+from loopguard._saved_state import write_atomic as _write_atomic
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 from loopguard.recipes import IterativeDPO, IterativeDPOConfig, SafetyGates
-from loopguard.recipes.iterative_dpo import _write_atomic
 
 
 def _exact(message):
