@@ -113,3 +113,44 @@ def test_unscorable_completions_are_left_out_as_trl_does(model_dir, tokenizer, t
     records = [r for r in log if r.get("event", "decision") == "decision"]
     assert [r["extra"]["adapter"]["trainer_metrics"]["frac_reward_zero_std"] for r in records] == [0.0] * 8
     assert [r["signals"]["collapse.zero_std_groups"] for r in records] == [0.0] * 8
+
+
+def test_rloo_every_batch_of_a_step_and_unscorable_completions(model_dir, tokenizer, tmp_path):
+    from adapter_helpers import fresh_model, prompts_dataset
+    from trl import RLOOConfig, RLOOTrainer
+
+    given = defaultdict(list)  # optimizer step -> (completion, reward) pairs the reward function saw
+
+    def verifier(prompts, completions, trainer_state=None, **kwargs):
+        out = [
+            None if int(p.split()[0][1:]) % 3 == 0 or zlib.crc32(c.encode()) % 4 == 0 else len(set(c.split())) / 8
+            for p, c in zip(prompts, completions, strict=True)
+        ]
+        given[trainer_state.global_step + 1].extend(zip(completions, out, strict=True))
+        return out
+
+    args = RLOOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], logging_steps=1, max_steps=4,
+        save_strategy="no", seed=0, disable_tqdm=True, gradient_checkpointing=False, learning_rate=1e-2,
+        beta=0.05, num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=2,
+        steps_per_generation=1, max_completion_length=8,
+    )
+    trainer = RLOOTrainer(
+        model=fresh_model(model_dir), reward_funcs=verifier, args=args, train_dataset=prompts_dataset(),
+        processing_class=tokenizer,
+    )
+    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    observed = _record_observations(mitigator)
+    trainer.add_callback(mitigator)
+    trainer.train()
+
+    assert [obs.step for obs in observed] == [1, 2, 3, 4]
+    dropped = 0
+    for obs in observed:
+        pairs = given[obs.step]
+        assert len(pairs) == 16  # two generation batches of 8 fed each step
+        scored = [(c, r) for c, r in pairs if r is not None]
+        dropped += len(pairs) - len(scored)
+        assert Counter(obs.completions) == Counter(c for c, _ in scored)  # every batch, unscorable left out
+        assert sorted(obs.rewards) == pytest.approx(sorted(r for _, r in scored))
+    assert dropped > 0
