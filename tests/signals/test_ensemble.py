@@ -144,7 +144,9 @@ def test_disagreement_is_non_negative_finite_and_std_is_sqrt_of_variance(scores,
     assert (spread >= 0).all()
     variance = ensemble_disagreement(scores, reduce="none")
     if statistic == "std":
-        np.testing.assert_allclose(spread, np.sqrt(variance), rtol=1e-12)
+        # std squared is the variance; compared that way round because a variance can underflow to 0 where
+        # the (exactly rescaled) std is still a normal number, e.g. scores 0 and 2.5e-223
+        np.testing.assert_allclose(np.square(spread), variance, rtol=1e-12, atol=np.finfo(np.float64).tiny)
     assert math.isfinite(ensemble_disagreement(scores, statistic=statistic))
 
 
