@@ -171,6 +171,18 @@ def _check_loaded_behaves(obj, factory, steps, decide):
         assert first.beta_after is None or (math.isfinite(first.beta_after) and first.beta_after > 0)
 
 
+def _check_all_or_nothing(factory, state, mutated, what, steps, decide):
+    """Load ``state`` into a fresh object, then ``mutated``: refused and unchanged, or accepted and sane."""
+    obj = factory()
+    obj.load_state_dict(state)
+    before = _snapshot(obj)
+    if _refused(obj.load_state_dict, mutated) is not None:
+        assert _snapshot(obj) == before, f"changed by a refused load ({what})"
+        return None
+    _check_loaded_behaves(obj, factory, steps, decide)
+    return obj
+
+
 def _guard_decide(guard, step, rng):
     return guard.step(_healthy(1000 + step, rng, beta=0.01))
 
@@ -180,13 +192,7 @@ def _guard_decide(guard, step, rng):
 @given(data=st.data())
 def test_guard_load_is_all_or_nothing(name, factory, state, data):
     mutated, what = data.draw(mutations(state))
-    guard = factory()
-    guard.load_state_dict(state)
-    before = _snapshot(guard)
-    if _refused(guard.load_state_dict, mutated) is not None:
-        assert _snapshot(guard) == before, f"changed by a refused load ({what})"
-        return
-    _check_loaded_behaves(guard, factory, 4, _guard_decide)
+    _check_all_or_nothing(factory, state, mutated, what, 4, _guard_decide)
 
 
 def _controller_factory():
@@ -215,15 +221,10 @@ def _controller_decide(controller, step, rng):
 def test_kl_controller_load_is_all_or_nothing(data):
     state = _controller_state()
     mutated, what = data.draw(mutations(state))
-    controller = _controller_factory()
-    controller.load_state_dict(state)
-    before = _snapshot(controller)
-    if _refused(controller.load_state_dict, mutated) is not None:
-        assert _snapshot(controller) == before, f"changed by a refused load ({what})"
-        return
-    assert math.isfinite(controller.value)
-    assert controller.value > 0
-    _check_loaded_behaves(controller, _controller_factory, 3, _controller_decide)
+    controller = _check_all_or_nothing(_controller_factory, state, mutated, what, 3, _controller_decide)
+    if controller is not None:
+        assert math.isfinite(controller.value)
+        assert controller.value > 0
 
 
 def _loop_factory():
@@ -243,13 +244,7 @@ def test_loop_guard_load_is_all_or_nothing(data):
         loop.step((_looping if step >= 8 else _healthy)(step, rng, beta=0.01))
     state = loop.state_dict()
     mutated, what = data.draw(mutations(state))
-    fresh = _loop_factory()
-    fresh.load_state_dict(state)
-    before = _snapshot(fresh)
-    if _refused(fresh.load_state_dict, mutated) is not None:
-        assert _snapshot(fresh) == before, f"changed by a refused load ({what})"
-        return
-    _check_loaded_behaves(fresh, _loop_factory, 3, _loop_decide)
+    _check_all_or_nothing(_loop_factory, state, mutated, what, 3, _loop_decide)
 
 
 CONTROL_STATES = [
