@@ -52,6 +52,7 @@ from loopguard._validation import (
     as_float_array,
     check_int,
     check_name,
+    check_real,
     describe,
     integer,
     real,
@@ -85,6 +86,23 @@ Role = Literal["primary", "corroborating", "guard"]
 Raw = dict[str, float]
 
 
+def check_absolute_bands(name: str, bands: object) -> tuple[float, float]:
+    """``(warn, hack)`` absolute levels with ``0 < warn < hack <= 1``.
+
+    Raises:
+        LoopguardTypeError, ConfigError: not a pair of real numbers in that order.
+    """
+    if not isinstance(bands, tuple) or len(bands) != 2:
+        msg = f"`{name}` must be a (warn, hack) pair of levels, got {describe(bands)}."
+        raise LoopguardTypeError(msg)
+    warn = check_real(f"{name}[0]", bands[0], lo=0.0, hi=1.0, lo_inclusive=False)
+    hack = check_real(f"{name}[1]", bands[1], lo=0.0, hi=1.0, lo_inclusive=False)
+    if hack <= warn:
+        msg = f"`{name}` must be (warn, hack) with warn < hack, got {bands!r}."
+        raise ConfigError(msg)
+    return warn, hack
+
+
 def band_score(excess: float, *, warn: float, hack: float) -> float:
     """Map an excess over the baseline to a score: 0.10 at ``warn``, 0.30 at ``hack``, linear, capped at 1.
 
@@ -112,6 +130,10 @@ class Metric:
         unit: How to print the raw value in an explanation (``"{:.3f}"`` style).
         domain: The closed interval every value of the statistic lies in (``None``: unbounded on that
             side); a saved baseline outside it is refused when a state is loaded.
+        absolute: ``(warn, hack)`` levels of the raw value itself, bad at any baseline (only for a rise:
+            ``bad="up"``): the value scores 0.10 at ``warn`` and 0.30 at ``hack`` (at least), from the first
+            step on, with no warm-up. None (default): no absolute band.
+        baseline: Whether the statistic is also scored against the warm-up baseline (default True).
     """
 
     key: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -121,12 +143,32 @@ class Metric:
     hack: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
     unit: str = "{:.3f}"
     domain: tuple[float | None, float | None] = (None, None)
+    absolute: tuple[float, float] | None = None
+    baseline: bool = True
 
     def __attrs_post_init__(self) -> None:
         """Check the band order."""
         if self.hack <= self.warn:
             msg = f"`hack` must be > warn ({self.warn}), got {self.hack}."
             raise ConfigError(msg)
+        if self.absolute is not None:
+            check_absolute_bands("absolute", self.absolute)
+            if self.bad != "up":
+                msg = f"`absolute` bands need a statistic whose rise is bad (bad='up'), got bad={self.bad!r}."
+                raise ConfigError(msg)
+        if self.absolute is None and not self.baseline:
+            msg = f"statistic {self.key!r} must be scored: give `absolute` bands or keep baseline=True."
+            raise ConfigError(msg)
+
+    def absolute_score(self, value: float) -> float | None:
+        """Score ``value`` on the absolute bands (None without them): 0.10 from warn, 0.30 from hack."""
+        if self.absolute is None:
+            return None
+        warn, hack = self.absolute
+        score = band_score(value, warn=warn, hack=hack)
+        if value >= hack:
+            return max(score, HACK_LEVEL)
+        return max(score, WARN_LEVEL) if value >= warn else min(score, WARN_LEVEL * (1.0 - 1e-12))
 
     def excess(self, value: float, median: float) -> float:
         """Signed excess of ``value`` over ``median`` in the bad direction (relative when configured)."""
@@ -229,13 +271,29 @@ def _rows(value: Any) -> int:
     return len(value)
 
 
+def _as_bands(value: object) -> tuple[float, float] | None:
+    """``Repetition(echo=...)``: None, or checked ``(warn, trap)`` bands (a list is taken as a pair)."""
+    if value is None:
+        return None
+    return check_absolute_bands("echo", tuple(value) if isinstance(value, list) else value)
+
+
 @attrs.frozen
 class Repetition(Detector):
     """Echo traps: the batch-mean n-gram repetition rate and the share of completions stuck in a loop.
 
+    The one repetition check of loopguard: the Guard scores it against the warm-up baseline (relative bands)
+    and, with ``echo``, on absolute bands that are bad at any baseline; :class:`EchoTrapCallback
+    <loopguard.adapters.hf_trainer.EchoTrapCallback>` is a Guard of this detector alone on absolute bands
+    (:func:`loopguard.guard.echo_guard`), and the iterative-DPO repetition gate measures with it.
+
     Args:
         n: n-gram size for :func:`~loopguard.signals.ngram_repetition_rate`.
         trap_rate: A completion whose own rate reaches this counts as trapped (the echo TRAP band).
+        echo: ``(warn, trap)`` absolute bands on the batch-mean rate (``0 < warn < trap <= 1``): WARN from
+            ``warn``, HACK from ``trap``, from the first step on (the bands of
+            :func:`~loopguard.signals.classify_echo`, e.g. ``(0.3, 0.6)``). None (default): relative only.
+        against_baseline: Also score against the warm-up baseline (default True). False needs ``echo``.
     """
 
     name: ClassVar[str] = "repetition"
@@ -246,19 +304,38 @@ class Repetition(Detector):
     )
     n: int = attrs.field(default=2, validator=integer(lo=1, hi=32))
     trap_rate: float = attrs.field(default=0.60, validator=real(lo=0.0, hi=1.0, lo_inclusive=False))
+    echo: tuple[float, float] | None = attrs.field(default=None, converter=_as_bands)
+    against_baseline: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        """A detector that scores nothing is a configuration error."""
+        if not self.against_baseline and self.echo is None:
+            msg = "`against_baseline=False` needs `echo` bands (else nothing is scored), got echo=None."
+            raise ConfigError(msg)
 
     def metrics(self) -> tuple[Metric, ...]:
         """Mean repetition rate (absolute rise 0.10/0.20) and trapped share (absolute rise 0.05/0.15)."""
-        return (
-            Metric("rate", "up", False, 0.10, 0.20, domain=(0.0, 1.0)),
-            Metric("trapped", "up", False, 0.05, 0.15, unit="{:.1%}", domain=(0.0, 1.0)),
+        rate = Metric(
+            "rate",
+            "up",
+            False,
+            0.10,
+            0.20,
+            domain=(0.0, 1.0),
+            absolute=self.echo,
+            baseline=self.against_baseline,
         )
+        if not self.against_baseline:
+            return (rate,)
+        return (rate, Metric("trapped", "up", False, 0.05, 0.15, unit="{:.1%}", domain=(0.0, 1.0)))
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Repetition statistics of the completions."""
         if data.tokens is None:
             return None
         rates = signals.ngram_repetition_rate(data.tokens, n=self.n, reduce="none")
+        if not self.against_baseline:
+            return {"rate": float(rates.mean())}
         return {"rate": float(rates.mean()), "trapped": float((rates >= self.trap_rate).mean())}
 
 

@@ -57,43 +57,38 @@ from loopguard._validation import (
 )
 from loopguard.control import (
     AdaptiveKL,
-    AdaptiveKLState,
     BangBang,
-    BangBangState,
+    ControlInput,
     ControlOutput,
     EscalationLadder,
+    KLController,
     LadderOutput,
     LadderState,
     PIDLagrangian,
-    PIDLagrangianState,
 )
 from loopguard.detectors import (
     HACK_LEVEL,
     WARN_LEVEL,
     Detector,
+    Repetition,
     StepData,
     as_detectors,
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
-from loopguard.signals import TokenBatch, as_token_batch
+from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
+from loopguard.signals import TokenBatch, as_token_batch, robust_baseline
 
-__all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict"]
+__all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
 
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
-Smoothing = Literal["none", "ema", "median"]
-VoteRule = Literal["mean", "max", "k_of_n", "conservative"]
 OnError = Literal["warn", "raise"]
 
-STATE_VERSION = 1
-_CONTROLLERS: dict[str, type[Any]] = {
+STATE_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 had no "episode" (the adapters kept the onset)
+_PRESETS: dict[str, type[Any]] = {
     "kl_control": BangBang,
     "pid_lagrangian": PIDLagrangian,
     "adaptive_kl": AdaptiveKL,
-}
-_STATES: dict[str, Any] = {
-    "kl_control": BangBangState,
-    "pid_lagrangian": PIDLagrangianState,
-    "adaptive_kl": AdaptiveKLState,
 }
 _MAX_BETA_HISTORY = 100
 _MAX_NOTES = 10_000
@@ -109,7 +104,9 @@ _STATE_KEYS = (
     "beta_history",
     "said",
     "stopped_reason",
+    "episode",
 )
+_EPISODE_KEYS = ("onset", "pending", "healthy")
 _MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory")
 
 
@@ -361,6 +358,13 @@ class Decision:
         errors: What failed inside the Guard this step (a detector that raised or measured a non-finite
             statistic; it was skipped for this step). Empty on a healthy step; see ``on_error``.
         warming_up: True while the Guard is still collecting its warm-up baselines.
+        onset: The step of the first non-OK verdict of the current episode (None on an OK step). On a
+            rollback, the onset of the episode the rollback ends (the Guard then starts a new episode).
+        restore_before: For ``"rollback"`` and ``"stop"``: the checkpoint to restore is the newest good one
+            saved strictly before this step (the onset, or this step when the episode began here). None
+            for the other actions.
+        healthy: Whether a checkpoint saved after this step is safe: the verdict is OK and the run is not
+            stopped. Checkpoints become *good* only through :meth:`Guard.confirm_checkpoint`.
     """
 
     step: int
@@ -376,6 +380,9 @@ class Decision:
     notes: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     warming_up: bool = False
+    onset: int | None = None
+    restore_before: int | None = None
+    healthy: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         """Return the decision as plain JSON types (for logs and metrics)."""
@@ -428,6 +435,19 @@ class DecodedState:
     beta_history: list[list[float]]
     said: set[str]
     stopped_reason: str | None
+    episode: _Episode
+
+
+@attrs.define
+class _Episode:
+    """The Guard's view of the run between decisions: the hack's onset and the checkpoint ledger."""
+
+    onset: int | None = None  # first non-OK step of the current episode
+    pending: int | None = None  # the newest checkpoint saved, awaiting its confirmation window
+    healthy: bool = True  # the latest verdict was OK and the run is not stopped
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
 
 
 def _fmt(value: float | None) -> str:
@@ -446,19 +466,24 @@ class Guard:
             collapse and drift; a default signal whose input is missing in a step is skipped for that step
             (noted once). A signal named explicitly must be configurable (e.g. ``InfoRM`` needs an embedding
             source), which is checked here.
-        mode: ``"log_only"`` (never acts, unless ``halt_on_hack``), ``"kl_control"`` (:class:`BangBang`),
-            ``"pid_lagrangian"`` (:class:`PIDLagrangian`) or ``"adaptive_kl"`` (:class:`AdaptiveKL`, driven by
-            ``Observation.kl`` with ``n_steps`` = the batch size, as old TRL and verl do; it acts from the
-            first step, while the hack signals are still warming up).
-        controller: A configured controller of the mode's type; the mode's default otherwise.
+        mode: A shorthand for a controller with its defaults: ``"kl_control"`` (:class:`BangBang`; the default
+            when no ``controller`` is given), ``"pid_lagrangian"`` (:class:`PIDLagrangian`), ``"adaptive_kl"``
+            (:class:`AdaptiveKL`, driven by ``Observation.kl`` with ``n_steps`` = the batch size, as old TRL
+            and verl do; it acts from the first step, while the hack signals are still warming up), or
+            ``"log_only"`` (no controller: never acts, unless ``halt_on_hack``).
+        controller: The KL controller, a configured object (``BangBang(...)``, ``PIDLagrangian(...)``,
+            ``AdaptiveKL(...)`` or anything with the :class:`~loopguard.control.KLController` interface);
+            it sets the mode. When ``mode`` is given too, it must name this controller.
         ladder: An :class:`EscalationLadder` adding the rollback and stop rungs; ``None`` keeps only the
             raise-beta rung. Not allowed with ``log_only``.
         halt_on_hack: Stop on the first HACK verdict, in every mode.
-        smoothing: Per-signal score smoothing over steps: ``"median"`` (of the last ``smoothing_window``
-            scores; default), ``"ema"`` (weight ``ema_alpha`` on the new score) or ``"none"``.
-        vote: How signal scores combine: ``"mean"``, ``"max"``, ``"k_of_n"`` (the ``vote_k``-th largest) or
-            ``"conservative"`` (the max when the scores disagree by more than ``vote_tolerance``, else the
-            mean; default).
+        smoothing: Per-signal score smoothing over steps, an object from :mod:`loopguard.scoring`:
+            ``Median(window=3)`` (default), ``EMA(alpha=0.5)`` or ``NoSmoothing()``; the names ``"median"``,
+            ``"ema"`` and ``"none"`` stand for them with their defaults.
+        vote: How signal scores combine, an object from :mod:`loopguard.scoring`:
+            ``Conservative(tolerance=0.2)`` (default: the max when the scores disagree by more than the
+            tolerance, else the mean),
+            ``Mean()``, ``Max()`` or ``KOfN(k=2)`` (the k-th largest); or one of their names.
         warmup_steps: Steps used to learn each signal's baseline (median and MAD); no action before.
         beta: The user's starting KL coefficient; taken from the first ``Observation.beta`` when omitted.
         warn_level: Vote at which the verdict is WARN.
@@ -479,16 +504,12 @@ class Guard:
         self,
         signals: Sequence[str | Detector] | None = None,
         *,
-        mode: Mode = "kl_control",
-        controller: BangBang | PIDLagrangian | AdaptiveKL | None = None,
+        mode: Mode | None = None,
+        controller: KLController | None = None,
         ladder: EscalationLadder | None = None,
         halt_on_hack: bool = False,
-        smoothing: Smoothing = "median",
-        smoothing_window: int = 3,
-        ema_alpha: float = 0.5,
-        vote: VoteRule = "conservative",
-        vote_tolerance: float = 0.2,
-        vote_k: int = 2,
+        smoothing: Smoother | str = "median",
+        vote: Vote | str = "conservative",
         warmup_steps: int = 20,
         beta: float | None = None,
         warn_level: float = WARN_LEVEL,
@@ -499,15 +520,10 @@ class Guard:
         on_error: OnError = "warn",
     ) -> None:
         """Validate the configuration eagerly (see the class docstring)."""
-        self.mode: Mode = check_choice("mode", mode, get_args(Mode))  # type: ignore[assignment]
         self.detectors: tuple[Detector, ...] = as_detectors(signals)
         self.halt_on_hack = check_bool("halt_on_hack", halt_on_hack)
-        self.smoothing: Smoothing = check_choice("smoothing", smoothing, get_args(Smoothing))  # type: ignore[assignment]
-        self.smoothing_window = check_int("smoothing_window", smoothing_window, lo=1, hi=1000)
-        self.ema_alpha = check_real("ema_alpha", ema_alpha, lo=0.0, hi=1.0, lo_inclusive=False)
-        self.vote: VoteRule = check_choice("vote", vote, get_args(VoteRule))  # type: ignore[assignment]
-        self.vote_tolerance = check_real("vote_tolerance", vote_tolerance, lo=0.0, hi=1.0)
-        self.vote_k = check_int("vote_k", vote_k, lo=1, hi=64)
+        self.smoothing: Smoother = as_smoother(smoothing)
+        self.vote: Vote = as_vote(vote)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, lo=3, hi=1_000_000)
         self.warn_level = check_real("warn_level", warn_level, lo=0.0, hi=1.0, lo_inclusive=False)
         self.hack_level = check_real("hack_level", hack_level, lo=0.0, hi=1.0, lo_inclusive=False)
@@ -531,25 +547,12 @@ class Guard:
                 f"{[d.name for d in self.detectors]}."
             )
             raise ConfigError(msg)
-        if self.mode == "log_only":
-            for name, value in (("controller", controller), ("ladder", ladder)):
-                if value is not None:
-                    msg = f"`{name}` must be None with mode='log_only' (log_only never acts), got {value!r}."
-                    raise ConfigError(msg)
-            self.controller: BangBang | PIDLagrangian | AdaptiveKL | None = None
-        else:
-            expected = _CONTROLLERS[self.mode]
-            if controller is None:
-                controller = expected()
-            elif not isinstance(controller, expected):
-                msg = (
-                    f"`controller` must be a {expected.__name__} for mode={self.mode!r}, "
-                    f"got {type(controller).__name__}."
-                )
-                raise LoopguardTypeError(msg)
-            self.controller = controller
-            if self.base_beta is not None:
-                controller.init(self.base_beta)  # validates the beta against the controller's bounds
+        self.mode, self.controller = _resolve_controller(mode, controller)
+        if self.controller is None and ladder is not None:
+            msg = f"`ladder` must be None with mode='log_only' (log_only never acts), got {ladder!r}."
+            raise ConfigError(msg)
+        if self.controller is not None and self.base_beta is not None:
+            self.controller.init(self.base_beta)  # validates the beta against the controller's bounds
         if ladder is not None and not isinstance(ladder, EscalationLadder):
             msg = f"`ladder` must be an EscalationLadder or None, got {type(ladder).__name__}."
             raise LoopguardTypeError(msg)
@@ -568,14 +571,15 @@ class Guard:
         self._beta_history: list[list[float]] = []
         self._said: set[str] = set()
         self._stopped_reason: str | None = None
+        self._episode = _Episode()
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "signals": [d.name for d in self.detectors],
             "warmup_steps": self.warmup_steps,
-            "vote": self.vote,
-            "smoothing": self.smoothing,
+            "vote": self.vote.name,
+            "smoothing": self.smoothing.name,
             "ladder": self.ladder is not None,
         }
 
@@ -585,7 +589,7 @@ class Guard:
         Example:
             >>> import json
             >>> json.loads(json.dumps(Guard(mode="log_only").state_dict()))["version"]
-            1
+            2
         """
         return {
             "version": STATE_VERSION,
@@ -599,6 +603,7 @@ class Guard:
             "beta_history": [list(entry) for entry in self._beta_history],
             "said": sorted(self._said),
             "stopped_reason": self._stopped_reason,
+            "episode": self._episode.to_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | DecodedState) -> None:
@@ -644,10 +649,10 @@ class Guard:
         """
         fields = Fields(state, "state", keys=None)
         version = fields.raw("version") if "version" in fields else None
-        if isinstance(version, bool) or version != STATE_VERSION:
+        if isinstance(version, bool) or version not in _READABLE_VERSIONS:
             msg = f"`state['version']` must be {STATE_VERSION}, got {describe(version)}."
             raise StateError(msg)
-        fields = Fields(state, "state", keys=_STATE_KEYS)
+        fields = Fields(state, "state", keys=_STATE_KEYS if version == STATE_VERSION else _STATE_KEYS[:-1])
         saved, current = fields.sub("config", keys=None), self._fingerprint()
         for key, value in current.items():
             if key not in saved or saved.raw(key) != value:
@@ -673,15 +678,7 @@ class Guard:
         if self.controller is not None and seen and controller_state is None:
             msg = f"`state['controller']` must hold the controller's state after {seen} step(s), got None."
             raise StateError(msg)
-        history = []
-        for index, entry in enumerate(fields.items("beta_history", max_length=_MAX_BETA_HISTORY)):
-            name = f"state['beta_history'][{index}]"
-            pair = check_state_reals(name, entry, lo=0.0, max_length=2)
-            if len(pair) != 2 or not float(pair[0]).is_integer() or pair[1] <= 0.0:
-                rule = "[step, beta] with an integer step >= 0 and beta > 0"
-                msg = f"`{name}` must be {rule}, got {describe(entry)}."
-                raise StateError(msg)
-            history.append([int(pair[0]), pair[1]])
+        history = _decode_beta_history(fields)
         said = [
             check_state_text(f"state['said'][{index}]", key, max_length=MAX_NAME_LENGTH * 4)
             for index, key in enumerate(fields.items("said", max_length=_MAX_NOTES))
@@ -690,6 +687,7 @@ class Guard:
         if ladder_state is not None and ladder_state.stopped and stopped_reason is None:
             msg = "`state['stopped_reason']` must explain the stop the ladder recorded, got None."
             raise StateError(msg)
+        episode = _decode_episode(fields, stopped=stopped_reason is not None)
         return DecodedState(
             config=current,
             seen=seen,
@@ -701,6 +699,7 @@ class Guard:
             beta_history=history,
             said=set(said),
             stopped_reason=stopped_reason,
+            episode=episode,
         )
 
     def _decode_memory(self, detector: Detector, fields: Fields, seen: int) -> _DetectorMemory:
@@ -745,7 +744,7 @@ class Guard:
                     )
                     raise StateError(msg)
                 baseline[key] = pair
-        window = self.smoothing_window if self.smoothing == "median" else 1
+        window = self.smoothing.memory
         name = fields.name("recent")
         recent = check_state_reals(name, fields.raw("recent"), lo=0.0, hi=1.0, max_length=window)
         if recent and baseline is None:
@@ -767,7 +766,7 @@ class Guard:
         if self.controller is None:
             msg = f"`state['controller']` must be None for mode={self.mode!r}, got {describe(payload)}."
             raise StateError(msg)
-        state = _STATES[self.mode].from_dict(payload)
+        state = self.controller.state_type.from_dict(payload)
         with as_state_error():
             self.controller.validate(state)
         if state.step > seen:
@@ -806,6 +805,7 @@ class Guard:
         if self.base_beta is None and memory.controller_state is not None:
             self.base_beta = memory.controller_state.base_beta
         self._said, self._stopped_reason = memory.said, memory.stopped_reason
+        self._episode = memory.episode
 
     @property
     def beta(self) -> float | None:
@@ -816,6 +816,46 @@ class Guard:
     def stopped(self) -> bool:
         """Whether the Guard has decided to stop the run (terminal)."""
         return self._stopped_reason is not None
+
+    @property
+    def onset(self) -> int | None:
+        """The step of the first non-OK verdict of the current episode (None while the run reads OK)."""
+        return self._episode.onset
+
+    @property
+    def healthy(self) -> bool:
+        """Whether a checkpoint saved now is safe: the latest verdict was OK and the run is not stopped."""
+        return self._episode.healthy and self._stopped_reason is None
+
+    # ------------------------------------------------------------------------------- checkpoint ledger
+
+    def rollback_target(self, step: int) -> int:
+        """The step a rollback decided now would restore before: the episode's onset, else ``step``.
+
+        Adapters ask their checkpoint store whether a good checkpoint saved strictly before it exists, and
+        pass the answer to :meth:`step` as ``can_rollback``.
+        """
+        return self._episode.onset if self._episode.onset is not None else int(step)
+
+    def checkpoint_saved(self, step: int) -> None:
+        """Record that a checkpoint of ``step`` was saved; it awaits its confirmation window.
+
+        Call it on every rank (the main process writes the checkpoint), right after a save made while
+        :attr:`healthy`. The checkpoint becomes good at the next save boundary if every verdict until then
+        was OK (the hack may have begun before it was detected): see :meth:`confirm_checkpoint`.
+
+        Raises:
+            LoopguardTypeError, ConfigError: ``step`` is not an integer >= 0.
+        """
+        self._episode.pending = check_int("step", step, lo=0)
+
+    def confirm_checkpoint(self) -> int | None:
+        """At a save boundary: the step of the pending checkpoint if its window stayed OK, else None.
+
+        The pending checkpoint is cleared either way: mark the returned step good in the store.
+        """
+        confirmed, self._episode.pending = self._episode.pending, None
+        return confirmed
 
     # ------------------------------------------------------------------------------------------ step
 
@@ -859,23 +899,46 @@ class Guard:
         text = f"loopguard: {message} (on_error='raise' makes this fatal)"
         warnings.warn(text, RuntimeWarning, stacklevel=4)
 
-    def _score(self, detector: Detector, raw: dict[str, float], warming: bool) -> float | None:
-        """Update the detector's warm-up buffer or score against its baseline; None while warming."""
+    def _score(self, detector: Detector, raw: dict[str, float], warming: bool) -> tuple[float | None, bool]:
+        """The detector's score this step and whether to smooth it.
+
+        Against the baseline (smoothed; None while the warm-up buffer fills, see :meth:`_learn`), raised to
+        the absolute-band score where a statistic has one (bad at any baseline: it counts from the first
+        step, unsmoothed until a baseline exists).
+        """
+        absolute = [
+            score
+            for metric in detector.metrics()
+            if metric.key in raw and (score := metric.absolute_score(raw[metric.key])) is not None
+        ]
+        relative = self._relative(detector, raw, warming)
+        if relative is None:
+            return (max(absolute) if absolute else None), False
+        return max([relative, *absolute]), True
+
+    def _learn(self, detector: Detector, raw: dict[str, float], warming: bool) -> None:
+        """Fill the warm-up buffer; once warmed up, turn it into the baseline (median and 1.4826 MAD)."""
+        memory = self._memories[detector.name]
+        keys = {metric.key for metric in detector.metrics() if metric.baseline}
+        for key, value in raw.items():
+            if key in keys:
+                memory.warm.setdefault(key, []).append(value)
+        counts = [len(memory.warm.get(key, [])) for key in keys]
+        if warming or max(counts, default=0) < 3:
+            return
+        memory.baseline = {}
+        for key in (metric.key for metric in detector.metrics() if metric.key in keys):
+            values = memory.warm.get(key, [])
+            if len(values) >= 3:
+                baseline = robust_baseline(values)
+                memory.baseline[key] = [baseline.median, baseline.scale]
+        memory.warm = {}
+
+    def _relative(self, detector: Detector, raw: dict[str, float], warming: bool) -> float | None:
+        """The score against the warm-up baseline (None before it exists: the buffer is filled instead)."""
         memory = self._memories[detector.name]
         if memory.baseline is None:
-            for key, value in raw.items():
-                memory.warm.setdefault(key, []).append(value)
-            counts = [len(memory.warm.get(metric.key, [])) for metric in detector.metrics()]
-            if warming or max(counts, default=0) < 3:
-                return None
-            memory.baseline = {}
-            for metric in detector.metrics():
-                values = memory.warm.get(metric.key, [])
-                if len(values) >= 3:
-                    median = float(np.median(values))
-                    scale = 1.4826 * float(np.median(np.abs(np.asarray(values) - median)))
-                    memory.baseline[metric.key] = [median, scale]
-            memory.warm = {}
+            self._learn(detector, raw, warming)
             return None
         scores: dict[str, float] = {}
         for metric in detector.metrics():
@@ -891,18 +954,7 @@ class Guard:
 
     def _smooth(self, memory: _DetectorMemory, score: float) -> float:
         memory.score = score
-        if self.smoothing == "none":
-            memory.smoothed = score
-        elif self.smoothing == "ema":
-            memory.smoothed = (
-                score
-                if not memory.recent
-                else (self.ema_alpha * score + (1.0 - self.ema_alpha) * memory.smoothed)
-            )
-            memory.recent = [score]
-        else:
-            memory.recent = [*memory.recent, score][-self.smoothing_window :]
-            memory.smoothed = float(np.median(memory.recent))
+        memory.recent, memory.smoothed = self.smoothing.smooth(memory.recent, score, previous=memory.smoothed)
         return memory.smoothed
 
     def _combine(self, scores: dict[str, float]) -> float:
@@ -911,17 +963,7 @@ class Guard:
         voting = list(primary)
         if max(primary, default=0.0) >= self.warn_level:
             voting += [s for name, s in scores.items() if by_role[name] == "corroborating"]
-        if not voting:
-            return 0.0
-        if self.vote == "mean":
-            return float(np.mean(voting))
-        if self.vote == "max":
-            return max(voting)
-        if self.vote == "k_of_n":
-            ordered = sorted(voting, reverse=True)
-            return ordered[min(self.vote_k, len(ordered)) - 1]
-        spread = max(voting) - min(voting)
-        return max(voting) if spread > self.vote_tolerance else float(np.mean(voting))
+        return self.vote.combine(voting) if voting else 0.0
 
     def step(self, observation: Observation, *, can_rollback: bool = True) -> Decision:
         """Observe one training step and decide.
@@ -959,9 +1001,9 @@ class Guard:
                     reading.scores[detector.name] = memory.smoothed  # a periodic audit: the last score stands
                 continue
             reading.raw.update({f"{detector.name}.{key}": value for key, value in raw.items()})
-            score = self._score(detector, raw, reading.warming)
+            score, smooth = self._score(detector, raw, reading.warming)
             if score is not None:
-                reading.scores[detector.name] = self._smooth(memory, score)
+                reading.scores[detector.name] = self._smooth(memory, score) if smooth else score
         if self._seen == self.warmup_steps:
             for detector in self.detectors:
                 detector.on_warmup_end(self._memories[detector.name].memory)
@@ -973,8 +1015,8 @@ class Guard:
         self._vote = reading.vote = vote
         reading.verdict = "HACK" if vote >= self.hack_level else "WARN" if vote >= self.warn_level else "OK"
 
-        if reading.warming and self.mode != "adaptive_kl":
-            reading.verdict = "OK"
+        acts_now = self.controller is not None and self.controller.acts_while_warming
+        if reading.warming and reading.verdict == "OK" and not acts_now:
             text = f"step {observation.step}: warming up ({self._seen}/{self.warmup_steps} steps); no action."
             return self._decision(reading, "none", text)
         return self._act(reading, can_rollback)
@@ -996,7 +1038,7 @@ class Guard:
             self._beta_history = [[observation.step, self._beta]]
 
     def _act(self, reading: _Reading, can_rollback: bool) -> Decision:
-        hacking = reading.verdict == "HACK" and not reading.warming
+        hacking = reading.verdict == "HACK"  # while warming up, only absolute bands can say HACK
         ladder_out: LadderOutput | None = None
         if self.ladder is not None and self._ladder_state is not None:
             ladder_out, self._ladder_state = self.ladder.update(
@@ -1035,21 +1077,13 @@ class Guard:
         if self.controller is None:
             return None
         observation = reading.observation
+        signal = ControlInput(vote=reading.vote, kl=observation.kl, batch_size=len(observation.rewards))
         allow_lower = ladder_out is None or not ladder_out.in_cooldown
-        state = self._controller_state
-        if isinstance(self.controller, AdaptiveKL):
-            if observation.kl is None:
-                self._note_once("skip:kl", "adaptive_kl holds beta: this step has no kl", reading.notes)
-                return None
-            # KL estimates (k1) can dip below 0 on a batch; the controller wants a divergence (>= 0).
-            # n_steps is the batch size, as in old TRL's AdaptiveKLController and verl.
-            kl = max(0.0, observation.kl)
-            output, state = self.controller.update(
-                state, kl, len(observation.rewards), allow_lower=allow_lower
-            )
-        else:
-            output, state = self.controller.update(state, reading.vote, allow_lower=allow_lower)
-        self._controller_state = state
+        output, self._controller_state = self.controller.update(
+            self._controller_state, signal, allow_lower=allow_lower
+        )
+        if output.note:
+            self._note_once(f"control:{output.note}", output.note, reading.notes)
         return output
 
     # ----------------------------------------------------------------------------------- explanation
@@ -1061,14 +1095,11 @@ class Guard:
                 continue
             detector = next(d for d in self.detectors if d.name == name)
             baseline = self._memories[name].baseline or {}
-            details = []
-            for metric in detector.metrics():
-                key = f"{name}.{metric.key}"
-                if key in raw and metric.key in baseline:
-                    details.append(
-                        f"{metric.key} {metric.unit.format(raw[key])} vs baseline "
-                        f"{metric.unit.format(baseline[metric.key][0])}"
-                    )
+            details = [
+                _detail(metric, raw[f"{name}.{metric.key}"], baseline.get(metric.key))
+                for metric in detector.metrics()
+                if f"{name}.{metric.key}" in raw and (metric.key in baseline or metric.absolute is not None)
+            ]
             detail = f" ({'; '.join(details)})" if details else ""
             phrases.append(f"{name} {score:.2f}{detail}")
         return phrases
@@ -1118,7 +1149,7 @@ class Guard:
             if scores[name] >= self.warn_level
         ]
         advice = [next(d for d in self.detectors if d.name == name).advice for name in top[:2]]
-        ceiling = getattr(self.controller, "beta_ceil", None)
+        ceiling = None if self.controller is None else self.controller.beta_ceil
         generic = "lower the learning rate"
         if ceiling is not None:
             generic = f"raise beta_ceil (now {_fmt(ceiling)}) or the starting beta, or {generic}"
@@ -1127,9 +1158,26 @@ class Guard:
         beta_text = f" Beta history: {history}." if history else ""
         return f"{why}{beta_text}{rollbacks} What you can change: {fix}."
 
+    def _close_episode(self, reading: _Reading, action: Action) -> tuple[int | None, int | None]:
+        """Track the hack's onset and the checkpoint ledger; return the onset and the restore target."""
+        episode, step = self._episode, reading.observation.step
+        if reading.verdict == "OK":
+            episode.onset = None
+        elif episode.onset is None:
+            episode.onset = step
+        onset = episode.onset
+        restore_before = (onset if onset is not None else step) if action in ("rollback", "stop") else None
+        if reading.verdict != "OK" or action in ("rollback", "stop"):
+            episode.pending = None  # the confirmation window saw a suspect step: never marked good
+        if action == "rollback":
+            episode.onset = None  # the restored policy starts a new episode
+        episode.healthy = reading.verdict == "OK" and self._stopped_reason is None
+        return onset, restore_before
+
     def _decision(
         self, reading: _Reading, action: Action, explanation: str, components: dict[str, float] | None = None
     ) -> Decision:
+        onset, restore_before = self._close_episode(reading, action)
         return Decision(
             step=reading.observation.step,
             verdict=reading.verdict,
@@ -1144,7 +1192,118 @@ class Guard:
             notes=tuple(reading.notes),
             errors=tuple(reading.errors),
             warming_up=reading.warming,
+            onset=onset,
+            restore_before=restore_before,
+            healthy=self.healthy,
         )
+
+
+def echo_guard(
+    threshold: float = 0.6,
+    warn: float | None = None,
+    *,
+    n: int = 2,
+    halt: bool = True,
+    on_error: OnError = "warn",
+) -> Guard:
+    """The echo-trap preset: a log-only Guard of one :class:`~loopguard.detectors.Repetition` on fixed bands.
+
+    Each batch's mean ``n``-gram repetition rate reads OK below ``warn``, WARN from ``warn`` and HACK (an echo
+    TRAP) from ``threshold``, from the first batch on (no warm-up, no smoothing); with ``halt`` the Guard
+    stops at the first HACK. :class:`~loopguard.adapters.hf_trainer.EchoTrapCallback` is this Guard.
+
+    Args:
+        threshold: TRAP from this rate, in (0, 1]. Default 0.6.
+        warn: WARN from this rate, in (0, threshold). Default ``threshold / 2``.
+        n: n-gram size, in [1, 32]. Default 2.
+        halt: Stop at the first TRAP. Default True.
+        on_error: The Guard's failure policy.
+
+    Example:
+        >>> from loopguard import Observation
+        >>> guard = echo_guard(0.6)
+        >>> guard.step(Observation(0, [0.0] * 2, completions=["x y x y x y x y"] * 2)).action
+        'stop'
+    """
+    trap = check_real("threshold", threshold, lo=0.0, hi=1.0, lo_inclusive=False)
+    low = (
+        trap / 2
+        if warn is None
+        else check_real("warn", warn, lo=0.0, hi=trap, lo_inclusive=False, hi_inclusive=False)
+    )
+    detector = Repetition(n=n, echo=(low, trap), against_baseline=False)
+    halt = check_bool("halt", halt)
+    return Guard(
+        [detector], mode="log_only", halt_on_hack=halt, smoothing="none", warmup_steps=3, on_error=on_error
+    )
+
+
+def _detail(metric: Any, value: float, baseline: list[float] | None) -> str:
+    """``"rate 0.700 vs baseline 0.100"``, or against the absolute band when there is no baseline."""
+    if baseline is not None:
+        return f"{metric.key} {metric.unit.format(value)} vs baseline {metric.unit.format(baseline[0])}"
+    warn, hack = metric.absolute
+    level = hack if value >= hack else warn
+    relation = ">=" if value >= warn else "<"
+    return f"{metric.key} {metric.unit.format(value)} {relation} absolute band {metric.unit.format(level)}"
+
+
+def _decode_beta_history(fields: Fields) -> list[list[float]]:
+    """``state['beta_history']``: ``[step, beta]`` pairs with an integer step >= 0 and beta > 0."""
+    history: list[list[float]] = []
+    for index, entry in enumerate(fields.items("beta_history", max_length=_MAX_BETA_HISTORY)):
+        name = f"state['beta_history'][{index}]"
+        pair = check_state_reals(name, entry, lo=0.0, max_length=2)
+        if len(pair) != 2 or not float(pair[0]).is_integer() or pair[1] <= 0.0:
+            rule = "[step, beta] with an integer step >= 0 and beta > 0"
+            msg = f"`{name}` must be {rule}, got {describe(entry)}."
+            raise StateError(msg)
+        history.append([int(pair[0]), pair[1]])
+    return history
+
+
+def _decode_episode(fields: Fields, *, stopped: bool) -> _Episode:
+    """The episode of a saved state (a version-1 state has none: a fresh one)."""
+    if "episode" not in fields:
+        return _Episode(healthy=not stopped)
+    episode = fields.sub("episode", keys=_EPISODE_KEYS)
+    healthy = episode.raw("healthy")
+    if not isinstance(healthy, bool) or (healthy and stopped):
+        msg = f"`{episode.name('healthy')}` must be a bool, False once stopped, got {describe(healthy)}."
+        raise StateError(msg)
+    return _Episode(
+        onset=episode.integer("onset", lo=0, optional=True),
+        pending=episode.integer("pending", lo=0, optional=True),
+        healthy=healthy,
+    )
+
+
+def _resolve_controller(mode: object, controller: object) -> tuple[Mode, KLController | None]:
+    """The mode and the controller object from the ``mode`` shorthand and/or a ``controller``."""
+    if mode is not None:
+        mode = check_choice("mode", mode, get_args(Mode))
+    if mode == "log_only":
+        if controller is not None:
+            msg = f"`controller` must be None with mode='log_only' (log_only never acts), got {controller!r}."
+            raise ConfigError(msg)
+        return "log_only", None
+    if controller is None:
+        return (mode or "kl_control"), _PRESETS[mode or "kl_control"]()  # type: ignore[return-value]
+    name = getattr(type(controller), "name", None)
+    methods = ("init", "update", "validate")
+    complete = all(callable(getattr(controller, method, None)) for method in methods)
+    complete = complete and callable(getattr(getattr(controller, "state_type", None), "from_dict", None))
+    if not complete or not isinstance(name, str) or not name:
+        msg = (
+            "`controller` must be a KL controller (BangBang, PIDLagrangian, AdaptiveKL or an object with "
+            f"their name/state_type/init/update/validate interface), got {describe(controller)}."
+        )
+        raise LoopguardTypeError(msg)
+    if mode is not None and name != mode:
+        expected = _PRESETS[mode].__name__
+        msg = f"`controller` must be a {expected} for mode={mode!r}, got {type(controller).__name__}."
+        raise LoopguardTypeError(msg)
+    return name, controller  # type: ignore[return-value]
 
 
 def _config_beta(value: object) -> float:

@@ -8,36 +8,28 @@ near one threshold cannot make beta flap.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar, NamedTuple
 
 import attrs
 
-from loopguard._validation import boolean, check_bool, describe, integer, real
+from loopguard._validation import describe, integer, real
 from loopguard.control._common import (
+    ControlInput,
     ControlOutput,
-    FieldSpec,
-    check_base_beta,
-    check_beta_fits,
-    check_floor_ceil,
-    check_measurement,
-    check_state,
-    direction_of,
-    encode_state,
+    KLControllerBase,
+    change_reason,
     fmt_beta,
-    load_state,
     snap_to_base,
+    steps_text,
 )
+from loopguard.control._state import JSONState, StateField
 from loopguard.exceptions import ConfigError
 
 __all__ = ["BangBang", "BangBangState"]
 
 
-def _steps(n: int) -> str:
-    return f"{n} step" if n == 1 else f"{n} steps"
-
-
 @attrs.frozen
-class BangBangState:
+class BangBangState(JSONState):
     """Memory of a :class:`BangBang` controller between steps (a frozen value: keep an old one to roll back).
 
     Attributes:
@@ -49,12 +41,12 @@ class BangBangState:
         steps_below: Consecutive updates with ``vote <= release_band`` (0 after any other vote).
     """
 
-    step: int = attrs.field(validator=integer(lo=0))
-    base_beta: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
-    beta: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
-    tripped: bool = attrs.field(validator=boolean())
-    steps_above: int = attrs.field(validator=integer(lo=0))
-    steps_below: int = attrs.field(validator=integer(lo=0))
+    step: int = attrs.field(validator=StateField("int", lo=0))
+    base_beta: float = attrs.field(validator=StateField("real", lo=0.0, lo_inclusive=False))
+    beta: float = attrs.field(validator=StateField("real", lo=0.0, lo_inclusive=False))
+    tripped: bool = attrs.field(validator=StateField("bool"))
+    steps_above: int = attrs.field(validator=StateField("int", lo=0))
+    steps_below: int = attrs.field(validator=StateField("int", lo=0))
 
     def __attrs_post_init__(self) -> None:
         """Check the invariants every reachable state satisfies: never below base; untripped means at base."""
@@ -71,44 +63,9 @@ class BangBangState:
             )
             raise ConfigError(msg)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the state as plain JSON types (``json.dumps`` works on it).
-
-        Example:
-            >>> BangBang().init(0.01).to_dict()["beta"]
-            0.01
-        """
-        return encode_state("BangBangState", attrs.asdict(self, recurse=False))
-
-    @classmethod
-    def from_dict(cls, payload: object) -> BangBangState:
-        """Rebuild a state from :meth:`to_dict` output, validating every key, type and invariant.
-
-        Raises:
-            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
-                value of the wrong type or out of range; fields that contradict each other.
-
-        Example:
-            >>> import json
-            >>> state = BangBang().init(0.01)
-            >>> BangBangState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
-            True
-        """
-        return load_state(cls, payload, _STATE_SPECS)
-
-
-_STATE_SPECS = {
-    "step": FieldSpec("int", lo=0),
-    "base_beta": FieldSpec("real", lo=0.0, lo_inclusive=False),
-    "beta": FieldSpec("real", lo=0.0, lo_inclusive=False),
-    "tripped": FieldSpec("bool"),
-    "steps_above": FieldSpec("int", lo=0),
-    "steps_below": FieldSpec("int", lo=0),
-}
-
 
 @attrs.frozen
-class BangBang:
+class BangBang(KLControllerBase[BangBangState]):
     r"""Bang-bang KL controller with hysteresis, relaxing back to the user's beta and never below it.
 
     Each update takes the hack vote :math:`v_t \in [0, 1]`. Let :math:`a_t` be the number of consecutive votes
@@ -136,9 +93,12 @@ class BangBang:
     below the user's setting, unlike the predecessor, which relaxed to a floor below it); an untripped
     controller sits exactly at :math:`\beta_0`.
 
-    ``update(..., allow_lower=False)`` (the escalation ladder's cooldown after a rollback) turns a relaxing
-    step into a hold: the counters still advance, so the first allowed low vote after the cooldown relaxes at
-    once.
+    ``update(state, ControlInput(vote=...))`` reads ``signal.vote``. ``update(..., allow_lower=False)`` (the
+    escalation ladder's cooldown after a rollback) turns a relaxing step into a hold: the counters still
+    advance, so the first allowed low vote after the cooldown relaxes at once. ``output.components`` holds
+    ``vote``, ``trip_band``, ``release_band``, ``steps_above``, ``steps_below``, ``gain``, ``base_beta``,
+    ``tripped`` (1.0/0.0) and ``lower_blocked`` (1.0 when ``allow_lower=False`` turned a relaxing step into a
+    hold).
 
     Args:
         trip_band: Vote at or above which a step counts as hacking, in (0, 1]. Default 0.30.
@@ -158,7 +118,7 @@ class BangBang:
         >>> ctl = BangBang()
         >>> state = ctl.init(0.01)
         >>> for vote in [0.5, 0.5, 0.2, 0.05, 0.05, 0.05]:
-        ...     out, state = ctl.update(state, vote)
+        ...     out, state = ctl.update(state, ControlInput(vote=vote))
         ...     print(f"{vote:.2f} {out.beta:.4f} {out.direction}")
         0.50 0.0100 hold
         0.50 0.0150 raise
@@ -176,6 +136,10 @@ class BangBang:
         (the KL coefficient beta as the control input).
     """
 
+    name: ClassVar[str] = "kl_control"
+    acts_while_warming: ClassVar[bool] = False  # it steers on the hack vote, which needs the warm-up
+    state_type: ClassVar[type[BangBangState]] = BangBangState
+
     trip_band: float = attrs.field(default=0.30, validator=real(lo=0.0, hi=1.0, lo_inclusive=False))
     release_band: float = attrs.field(default=0.10, validator=real(lo=0.0, hi=1.0))
     dwell_steps: int = attrs.field(default=2, validator=integer(lo=1))
@@ -184,12 +148,11 @@ class BangBang:
     beta_floor: float = attrs.field(default=1e-6, validator=real(lo=0.0, lo_inclusive=False))
     beta_ceil: float = attrs.field(default=1.0, validator=real(lo=0.0, lo_inclusive=False))
 
-    def __attrs_post_init__(self) -> None:
-        """Check the cross-field rules: ``release_band < trip_band`` and ``beta_floor < beta_ceil``."""
+    def _check_config(self) -> None:
+        """Check the cross-field rule ``release_band < trip_band``."""
         if not self.release_band < self.trip_band:
             msg = f"`release_band` must be < trip_band ({self.trip_band:g}), got {self.release_band!r}."
             raise ConfigError(msg)
-        check_floor_ceil(self.beta_floor, self.beta_ceil)
 
     def init(self, base_beta: float) -> BangBangState:
         """Start at the user's beta, untripped.
@@ -204,101 +167,29 @@ class BangBang:
             LoopguardTypeError: ``base_beta`` is a bool or not a number.
             ConfigError: ``base_beta`` is not finite, <= 0 or outside ``[beta_floor, beta_ceil]``.
         """
-        base = check_base_beta(base_beta, self.beta_floor, self.beta_ceil)
+        base = self._base(base_beta)
         return BangBangState(step=0, base_beta=base, beta=base, tripped=False, steps_above=0, steps_below=0)
 
-    def validate(self, state: BangBangState) -> None:
-        """Check that ``state`` could have come from this controller (its betas inside the bounds).
-
-        Raises:
-            LoopguardTypeError: ``state`` is not a :class:`BangBangState`.
-            ConfigError: a beta outside ``[beta_floor, beta_ceil]`` (a state saved under another config).
-        """
-        check_state(state, BangBangState, "BangBang")
-        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
-
-    def update(
-        self, state: BangBangState, vote: float, *, allow_lower: bool = True
+    def _step(
+        self, state: BangBangState, signal: ControlInput, allow_lower: bool
     ) -> tuple[ControlOutput, BangBangState]:
-        """Advance one step with the current hack vote.
-
-        Args:
-            state: The state returned by :meth:`init` or the previous :meth:`update`.
-            vote: The hack vote of this step, a finite number in [0, 1].
-            allow_lower: When False (cooldown after a rollback), a step that would lower beta holds it
-                instead; the counters still advance.
-
-        Returns:
-            ``(output, new_state)``. ``output.components`` holds ``vote``, ``trip_band``, ``release_band``,
-            ``steps_above``, ``steps_below``, ``gain``, ``base_beta``, ``tripped`` (1.0/0.0) and
-            ``lower_blocked`` (1.0 when ``allow_lower=False`` turned a relaxing step into a hold).
-
-        Raises:
-            LoopguardTypeError: ``state`` is not a :class:`BangBangState`, or ``vote``/``allow_lower`` has the
-                wrong type.
-            InputError: ``vote`` is NaN, infinite or outside [0, 1].
-            ConfigError: ``state`` holds a beta outside this controller's ``[beta_floor, beta_ceil]``.
-        """
-        self.validate(state)
-        vote = check_measurement("vote", vote, lo=0.0, hi=1.0)
-        allow_lower = check_bool("allow_lower", allow_lower)
-
-        above = vote >= self.trip_band
-        below = vote <= self.release_band
+        vote = signal.vote
+        above, below = vote >= self.trip_band, vote <= self.release_band
         steps_above = state.steps_above + 1 if above else 0
         steps_below = state.steps_below + 1 if below else 0
-        before, base = state.beta, state.base_beta
-        beta, tripped, blocked = before, state.tripped, False
-        v, trip, rel = f"{vote:.2f}", f"{self.trip_band:g}", f"{self.release_band:g}"
-
-        if above and (tripped or steps_above >= self.dwell_steps):
-            tripped = True
-            beta = min(self.beta_ceil, before * self.gain)
-            if beta > before:
-                reason = f"raised beta {fmt_beta(before)} -> {fmt_beta(beta)}: vote {v} >= trip {trip}"
-                reason += f" for {_steps(steps_above)}"
-                if beta == self.beta_ceil:
-                    reason += " (now at the ceiling)"
-            else:
-                reason = f"held beta at the ceiling {fmt_beta(before)}: vote {v} >= trip {trip}"
-                reason += f" for {_steps(steps_above)}"
-        elif above:
-            reason = (
-                f"held beta {fmt_beta(before)}: vote {v} >= trip {trip} for {steps_above} of "
-                f"{self.dwell_steps} steps needed to trip"
-            )
-        elif below and tripped and steps_below >= self.release_patience:
-            relaxed = snap_to_base(max(base, before / self.gain), base)
-            if allow_lower:
-                beta = relaxed
-                tripped = beta > base
-                reason = f"lowered beta {fmt_beta(before)} -> {fmt_beta(beta)}: vote {v} <= release {rel}"
-                reason += f" for {_steps(steps_below)}"
-                if not tripped:
-                    reason += "; back at the starting beta, released"
-                if beta == before:  # tripped at the ceiling with base == ceil: nothing left to relax
-                    reason = f"held beta {fmt_beta(before)} (the starting beta): vote {v} <= release {rel}"
-            else:
-                blocked = relaxed < before
-                reason = (
-                    f"held beta {fmt_beta(before)}: vote {v} <= release {rel} for {_steps(steps_below)}, "
-                    "but lowering is not allowed now (cooldown after a rollback)"
-                )
-        elif below and tripped:
-            reason = (
-                f"held beta {fmt_beta(before)}: vote {v} <= release {rel} for {steps_below} of "
-                f"{self.release_patience} steps needed to relax"
-            )
-        elif below:
-            reason = f"held beta {fmt_beta(before)} (the starting beta): vote {v} <= release {rel}"
+        if above and (state.tripped or steps_above >= self.dwell_steps):
+            move = self._raise(state.beta, vote, steps_above)
+        elif below and state.tripped and steps_below >= self.release_patience:
+            move = self._relax(state, vote, steps_below, allow_lower)
         else:
-            reason = f"held beta {fmt_beta(before)}: vote {v} inside the hysteresis band ({rel}, {trip})"
-
+            move = _Move(
+                state.beta, state.tripped, False, self._hold_reason(state, vote, steps_above, steps_below)
+            )
         new_state = BangBangState(
             step=state.step + 1,
-            base_beta=base,
-            beta=beta,
-            tripped=tripped,
+            base_beta=state.base_beta,
+            beta=move.beta,
+            tripped=move.tripped,
             steps_above=steps_above,
             steps_below=steps_below,
         )
@@ -309,11 +200,66 @@ class BangBang:
             "steps_above": float(steps_above),
             "steps_below": float(steps_below),
             "gain": self.gain,
-            "base_beta": base,
-            "tripped": float(tripped),
-            "lower_blocked": float(blocked),
+            "base_beta": state.base_beta,
+            "tripped": float(move.tripped),
+            "lower_blocked": float(move.blocked),
         }
-        output = ControlOutput(
-            beta=beta, direction=direction_of(before, beta), components=components, reason=reason
+        return ControlOutput.step(state.beta, move.beta, components, move.reason), new_state
+
+    def _raise(self, before: float, vote: float, steps_above: int) -> _Move:
+        """Multiply beta by the gain (tripped, or tripping now), up to the ceiling."""
+        beta = min(self.beta_ceil, before * self.gain)
+        why = f"vote {vote:.2f} >= trip {self.trip_band:g} for {steps_text(steps_above)}"
+        reason = (
+            change_reason(before, beta, beta, why) or f"held beta at the ceiling {fmt_beta(before)}: {why}"
         )
-        return output, new_state
+        if before < beta == self.beta_ceil:
+            reason += " (now at the ceiling)"
+        return _Move(beta, True, False, reason)
+
+    def _relax(self, state: BangBangState, vote: float, steps_below: int, allow_lower: bool) -> _Move:
+        """Divide beta by the gain, down to the user's beta (held instead while lowering is not allowed)."""
+        before, base = state.beta, state.base_beta
+        relaxed = snap_to_base(max(base, before / self.gain), base)
+        why = f"vote {vote:.2f} <= release {self.release_band:g}"
+        if not allow_lower:
+            reason = (
+                f"held beta {fmt_beta(before)}: {why} for {steps_text(steps_below)}, "
+                "but lowering is not allowed now (cooldown after a rollback)"
+            )
+            return _Move(before, state.tripped, relaxed < before, reason)
+        if relaxed == before:  # tripped at the ceiling with base == ceil: nothing left to relax
+            return _Move(before, False, False, f"held beta {fmt_beta(before)} (the starting beta): {why}")
+        reason = (
+            f"lowered beta {fmt_beta(before)} -> {fmt_beta(relaxed)}: {why} for {steps_text(steps_below)}"
+        )
+        if relaxed == base:
+            reason += "; back at the starting beta, released"
+        return _Move(relaxed, relaxed > base, False, reason)
+
+    def _hold_reason(self, state: BangBangState, vote: float, steps_above: int, steps_below: int) -> str:
+        """Word a step that leaves beta where it is: dwelling, waiting to relax, healthy, or in the band."""
+        before, v = fmt_beta(state.beta), f"{vote:.2f}"
+        trip, rel = f"{self.trip_band:g}", f"{self.release_band:g}"
+        if steps_above:
+            return (
+                f"held beta {before}: vote {v} >= trip {trip} for {steps_above} of "
+                f"{self.dwell_steps} steps needed to trip"
+            )
+        if steps_below and state.tripped:
+            return (
+                f"held beta {before}: vote {v} <= release {rel} for {steps_below} of "
+                f"{self.release_patience} steps needed to relax"
+            )
+        if steps_below:
+            return f"held beta {before} (the starting beta): vote {v} <= release {rel}"
+        return f"held beta {before}: vote {v} inside the hysteresis band ({rel}, {trip})"
+
+
+class _Move(NamedTuple):
+    """One bang-bang step's outcome: new beta and tripped flag, whether a lowering was blocked, and why."""
+
+    beta: float
+    tripped: bool
+    blocked: bool
+    reason: str

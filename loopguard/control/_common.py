@@ -1,106 +1,57 @@
-"""Pieces shared by every controller: the output record, input checks and state (de)serialisation.
+"""Pieces shared by every controller: input and output records, base classes, checks and JSON states.
 
-A controller is a frozen config object with two pure methods, ``init`` and ``update``; its memory is a frozen
-state value that :meth:`to_dict` turns into plain JSON types and ``from_dict`` validates on the way back in.
-This module holds the parts all of them use, so the words of every message are the same everywhere.
+A KL controller is a frozen config object with two pure methods, ``init`` and ``update``; its memory is a
+frozen state value that ``to_dict`` turns into plain JSON types and ``from_dict`` validates on the way back
+in. This module holds what all of them use, so the words of every message are the same everywhere:
+
+* :class:`ControlInput` -- what one step gives a KL controller (hack vote, measured KL, batch size);
+* :class:`ControlOutput` -- what it decided, and why;
+* :class:`KLController` -- the interface the Guard drives, and :class:`KLControllerBase`, which carries the
+  shared checks so that each controller only writes its step.
+
+The states' shared JSON base, :class:`~loopguard.control._state.JSONState`, lives in ``_state.py``.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Mapping
+import abc
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
-from loopguard._saved_state import as_state_error
 from loopguard._validation import check_bool, check_int, check_real, describe
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
+from loopguard.control._state import JSONState
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 
 __all__ = [
-    "MAX_HISTORY",
-    "STATE_VERSION",
+    "ControlInput",
     "ControlOutput",
     "Direction",
-    "FieldSpec",
+    "KLController",
+    "KLControllerBase",
+    "change_reason",
     "check_base_beta",
     "check_beta_fits",
     "check_floor_ceil",
     "check_measurement",
     "check_state",
     "check_steps",
-    "decode_state",
     "direction_of",
-    "encode_state",
     "fmt_beta",
-    "load_state",
     "snap_to_base",
+    "steps_text",
 ]
 
 Direction = Literal["raise", "lower", "hold"]
-
-STATE_VERSION = 1
-"""Version written into every serialised state; ``from_dict`` refuses any other."""
-
-MAX_HISTORY = 10_000
-"""Cap on a list stored in a state (the PID derivative delay), so a state payload stays small."""
 
 # Relative tolerance under which a relaxed beta counts as back at the user's base beta (float round-off of
 # repeated multiply/divide by the gain).
 _SNAP = 1e-9
 
 
-@attrs.frozen
-class ControlOutput:
-    """What a KL controller decided in one update, and why.
-
-    Attributes:
-        beta: The KL coefficient to use from now on; always in ``[beta_floor, beta_ceil]`` and > 0.
-        direction: ``"raise"``, ``"lower"`` or ``"hold"``: how ``beta`` compares with the previous beta.
-        components: The numbers behind the decision (controller-specific keys, all ``float``), for logging.
-        reason: One plain-English sentence with the numbers, e.g.
-            ``"raised beta 0.01 -> 0.015: vote 0.71 >= trip 0.30 for 2 steps"``.
-
-    Example:
-        >>> out = ControlOutput(beta=0.015, direction="raise", components={"vote": 0.71}, reason="...")
-        >>> out.direction
-        'raise'
-    """
-
-    beta: float
-    direction: Direction
-    components: dict[str, float]
-    reason: str
-
-
-def fmt_beta(value: float) -> str:
-    """Format a KL coefficient for a reason sentence (4 significant digits).
-
-    Example:
-        >>> fmt_beta(0.015000000001), fmt_beta(1e-6)
-        ('0.015', '1e-06')
-    """
-    return f"{value:.4g}"
-
-
-def direction_of(before: float, after: float) -> Direction:
-    """Compare two betas exactly: ``"raise"``, ``"lower"`` or ``"hold"``.
-
-    Example:
-        >>> direction_of(0.01, 0.015), direction_of(0.01, 0.01)
-        ('raise', 'hold')
-    """
-    if after > before:
-        return "raise"
-    if after < before:
-        return "lower"
-    return "hold"
-
-
-def snap_to_base(value: float, base: float) -> float:
-    """Return ``base`` when ``value`` is within float round-off of it (or below it), else ``value``."""
-    return base if value <= base * (1.0 + _SNAP) else value
+# ------------------------------------------------------------------------------------------------ checks
 
 
 @contextmanager
@@ -111,7 +62,7 @@ def _as_input_error() -> Iterator[None]:
         raise InputError(str(error)) from None
 
 
-def check_measurement(name: str, value: object, *, lo: float, hi: float | None) -> float:
+def check_measurement(name: str, value: object, *, lo: float | None, hi: float | None) -> float:
     """Validate one measurement (a vote, a score, a KL): a finite real in ``[lo, hi]``.
 
     Raises:
@@ -129,7 +80,7 @@ def check_measurement(name: str, value: object, *, lo: float, hi: float | None) 
 
 
 def check_steps(name: str, value: object) -> int:
-    """Validate a step count given to ``update`` (an int >= 1); range errors are :class:`InputError`."""
+    """Validate a step count (an int >= 1); range errors are :class:`InputError`."""
     with _as_input_error():
         return check_int(name, value, lo=1)
 
@@ -186,97 +137,270 @@ def check_beta_fits(state_beta: float, base_beta: float, beta_floor: float, beta
             raise ConfigError(msg)
 
 
+# ------------------------------------------------------------------------------------------ input/output
+
+
+def _vote(value: object) -> float:
+    return check_measurement("vote", value, lo=0.0, hi=1.0)
+
+
+def _kl(value: object) -> float | None:
+    return None if value is None else check_measurement("kl", value, lo=None, hi=None)
+
+
+def _batch_size(value: object) -> int | None:
+    return None if value is None else check_steps("batch_size", value)
+
+
 @attrs.frozen
-class FieldSpec:
-    """How one key of a serialised state is validated by :func:`decode_state`.
+class ControlInput:
+    """What one step gives a KL controller; each controller reads the fields it steers on.
+
+    :class:`~loopguard.control.BangBang` and :class:`~loopguard.control.PIDLagrangian` read ``vote``;
+    :class:`~loopguard.control.AdaptiveKL` reads ``kl`` and ``batch_size``. Values are checked and stored as
+    plain ``float``/``int`` when the record is built.
 
     Attributes:
-        kind: ``"real"``, ``"int"``, ``"bool"``, ``"int_or_none"`` or ``"real_list"``.
-        lo: Lower bound (inclusive unless ``lo_inclusive`` is False) for numbers and list items.
-        hi: Upper bound (inclusive) for numbers and list items.
-        lo_inclusive: Whether ``lo`` itself is allowed.
-    """
-
-    kind: Literal["real", "int", "bool", "int_or_none", "real_list"]
-    lo: float | None = None
-    hi: float | None = None
-    lo_inclusive: bool = True
-
-
-def _decode_value(key: str, value: Any, spec: FieldSpec) -> Any:
-    name = f"state.{key}"
-    if spec.kind == "real":
-        return check_real(name, value, lo=spec.lo, hi=spec.hi, lo_inclusive=spec.lo_inclusive)
-    if spec.kind == "bool":
-        return check_bool(name, value)
-    if spec.kind == "int_or_none" and value is None:
-        return None
-    if spec.kind in ("int", "int_or_none"):
-        lo = None if spec.lo is None else math.ceil(spec.lo)
-        return check_int(name, value, lo=lo)
-    if not isinstance(value, (list, tuple)):
-        msg = f"`{name}` must be a list of numbers, got {describe(value)} of type {type(value).__name__}."
-        raise StateError(msg)
-    if len(value) > MAX_HISTORY:
-        msg = f"`{name}` must have at most {MAX_HISTORY:,} items, got {len(value):,}."
-        raise StateError(msg)
-    return tuple(check_real(f"{name}[{i}]", item, lo=spec.lo, hi=spec.hi) for i, item in enumerate(value))
-
-
-def decode_state(payload: object, state_name: str, specs: Mapping[str, FieldSpec]) -> dict[str, Any]:
-    """Validate a serialised state and return its fields as keyword arguments for the state class.
-
-    The payload must be a dict with exactly the keys ``kind``, ``version`` and those in ``specs``; ``kind``
-    must name ``state_name`` and ``version`` must be :data:`STATE_VERSION`.
+        vote: The Guard's combined hack score, a finite number in [0, 1]. Default 0.0.
+        kl: The step's measured mean KL to the reference policy, finite, or None when the step has none. It
+            may be slightly negative (a k1 estimate on one batch); AdaptiveKL clips it to 0.
+        batch_size: Completions in the step (an int >= 1), or None.
 
     Raises:
-        StateError: the payload is not a dict; wrong ``kind`` or ``version``; missing or unexpected keys; a
-            value of the wrong type or out of range.
+        LoopguardTypeError: a bool or non-number where a number is expected.
+        InputError: ``vote`` NaN, infinite or outside [0, 1]; ``kl`` NaN or infinite; ``batch_size < 1``.
+
+    Example:
+        >>> ControlInput(vote=0.4).vote, ControlInput(kl=-0.001, batch_size=8).kl
+        (0.4, -0.001)
+        >>> ControlInput(vote=1.5)
+        Traceback (most recent call last):
+        ...
+        loopguard.exceptions.InputError: `vote` must be in [0, 1], got 1.5.
     """
-    if not isinstance(payload, Mapping):
-        msg = (
-            f"`state` must be a dict (from {state_name}.to_dict()), got {describe(payload)} "
-            f"of type {type(payload).__name__}."
-        )
-        raise StateError(msg)
-    if "kind" in payload and payload["kind"] != state_name:  # checked first: the likeliest mix-up
-        msg = f"`state['kind']` must be {state_name!r}, got {describe(payload['kind'])}."
-        raise StateError(msg)
-    expected = {"kind", "version", *specs}
-    missing = sorted(expected - set(payload))
-    unexpected = sorted(str(key) for key in set(payload) - expected)
-    if missing or unexpected:
-        msg = (
-            f"`state` must have exactly the keys {sorted(expected)}, got missing {missing}, "
-            f"unexpected {unexpected}."
-        )
-        raise StateError(msg)
-    version = payload["version"]
-    if isinstance(version, bool) or version != STATE_VERSION:
-        msg = f"`state['version']` must be {STATE_VERSION}, got {describe(version)}."
-        raise StateError(msg)
-    with as_state_error():
-        return {key: _decode_value(key, payload[key], spec) for key, spec in specs.items()}
+
+    vote: float = attrs.field(default=0.0, converter=_vote)
+    kl: float | None = attrs.field(default=None, converter=_kl)
+    batch_size: int | None = attrs.field(default=None, converter=_batch_size)
 
 
-S = TypeVar("S")
+@attrs.frozen
+class ControlOutput:
+    """What a KL controller decided in one update, and why.
 
+    Attributes:
+        beta: The KL coefficient to use from now on; always in ``[beta_floor, beta_ceil]`` and > 0.
+        direction: ``"raise"``, ``"lower"`` or ``"hold"``: how ``beta`` compares with the previous beta.
+        components: The numbers behind the decision (controller-specific keys, all ``float``), for logging.
+        reason: One plain-English sentence with the numbers, e.g.
+            ``"raised beta 0.01 -> 0.015: vote 0.71 >= trip 0.30 for 2 steps"``.
+        note: A note for the Guard to show once (e.g. why a controller could not act on this step), or None.
 
-def load_state(state_type: Callable[..., S], payload: object, specs: Mapping[str, FieldSpec]) -> S:
-    """Decode ``payload`` with :func:`decode_state` and build the state, its invariants checked.
-
-    Raises:
-        StateError: anything :func:`decode_state` refuses, or a state whose fields contradict each other.
+    Example:
+        >>> out = ControlOutput(beta=0.015, direction="raise", components={"vote": 0.71}, reason="...")
+        >>> out.direction, out.note
+        ('raise', None)
     """
-    name = getattr(state_type, "__name__", str(state_type))
-    fields = decode_state(payload, name, specs)
-    with as_state_error():
-        return state_type(**fields)
+
+    beta: float
+    direction: Direction
+    components: dict[str, float]
+    reason: str
+    note: str | None = None
+
+    @classmethod
+    def step(cls, before: float, beta: float, components: dict[str, float], reason: str) -> ControlOutput:
+        """Build the output of a step that moved beta from ``before`` to ``beta`` (compared exactly)."""
+        return cls(beta=beta, direction=direction_of(before, beta), components=components, reason=reason)
 
 
-def encode_state(state_name: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Build the JSON-ready dict of a state: ``kind``, ``version``, then the fields (tuples become lists)."""
-    result: dict[str, Any] = {"kind": state_name, "version": STATE_VERSION}
-    for key, value in fields.items():
-        result[key] = list(value) if isinstance(value, tuple) else value
-    return result
+def fmt_beta(value: float) -> str:
+    """Format a KL coefficient for a reason sentence (4 significant digits).
+
+    Example:
+        >>> fmt_beta(0.015000000001), fmt_beta(1e-6)
+        ('0.015', '1e-06')
+    """
+    return f"{value:.4g}"
+
+
+def steps_text(n: int) -> str:
+    """``"1 step"`` or ``"n steps"``, for a reason sentence."""
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def direction_of(before: float, after: float) -> Direction:
+    """Compare two betas exactly: ``"raise"``, ``"lower"`` or ``"hold"``.
+
+    Example:
+        >>> direction_of(0.01, 0.015), direction_of(0.01, 0.01)
+        ('raise', 'hold')
+    """
+    if after > before:
+        return "raise"
+    if after < before:
+        return "lower"
+    return "hold"
+
+
+def snap_to_base(value: float, base: float) -> float:
+    """Return ``base`` when ``value`` is within float round-off of it (or below it), else ``value``."""
+    return base if value <= base * (1.0 + _SNAP) else value
+
+
+def change_reason(before: float, beta: float, computed: float, why: str, *, tag: str = "") -> str | None:
+    """Word a raise, a lowering, or a lowering the cooldown blocked; None for a plain hold.
+
+    Args:
+        before: Beta before the step.
+        beta: Beta after the step.
+        computed: The beta the controller computed (``beta`` unless a lowering was blocked).
+        why: The numbers behind the step, appended after a colon.
+        tag: Words put after the new beta of a raise or a lowering, such as ``" (at the floor)"``.
+
+    Example:
+        >>> change_reason(0.02, 0.02, 0.01, "KL 0.1 < 1")
+        'held beta 0.02: the controller would lower it to 0.01, but lowering is not allowed now (cooldown after a rollback); KL 0.1 < 1'
+    """  # noqa: E501
+    if beta > before:
+        return f"raised beta {fmt_beta(before)} -> {fmt_beta(beta)}{tag}: {why}"
+    if beta < before:
+        return f"lowered beta {fmt_beta(before)} -> {fmt_beta(beta)}{tag}: {why}"
+    if computed < before:
+        return (
+            f"held beta {fmt_beta(before)}: the controller would lower it to {fmt_beta(computed)}, but "
+            f"lowering is not allowed now (cooldown after a rollback); {why}"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------------------- controllers
+
+
+@runtime_checkable
+class KLController(Protocol):
+    """What the Guard needs from a KL controller.
+
+    :class:`~loopguard.control.BangBang`, :class:`~loopguard.control.PIDLagrangian` and
+    :class:`~loopguard.control.AdaptiveKL` implement it; so can your own.
+
+    Attributes:
+        name: The Guard's mode string (``"kl_control"``, ``"pid_lagrangian"``, ``"adaptive_kl"``).
+        acts_while_warming: Whether the controller acts from the first step (True) or only once the Guard's
+            warm-up has ended (False: it steers on the hack vote, which needs baselines).
+        state_type: The class of its states (``state_type.from_dict`` reads a saved one back).
+        beta_ceil: The largest beta the controller ever outputs.
+    """
+
+    name: ClassVar[str]
+    acts_while_warming: ClassVar[bool]
+    state_type: ClassVar[type[Any]]  # a JSONState subclass; Any so each controller can name its own
+
+    @property
+    def beta_ceil(self) -> float:
+        """The largest beta the controller ever outputs."""
+
+    def init(self, base_beta: float) -> Any:
+        """Return the first state, at the user's ``base_beta``."""
+
+    def validate(self, state: Any) -> None:
+        """Raise when ``state`` could not have come from this controller."""
+
+    def update(
+        self, state: Any, signal: ControlInput, *, allow_lower: bool = True
+    ) -> tuple[ControlOutput, Any]:
+        """Advance one step: ``(output, new_state)``."""
+
+
+class BetaState(Protocol):
+    """What :class:`KLControllerBase` reads from a state: the current and the user's beta."""
+
+    @property
+    def beta(self) -> float:
+        """The current KL coefficient."""
+
+    @property
+    def base_beta(self) -> float:
+        """The user's starting beta."""
+
+
+StateT = TypeVar("StateT", bound=BetaState)
+
+
+class KLControllerBase(abc.ABC, Generic[StateT]):
+    """The shared half of every KL controller: bounds checks, ``validate`` and ``update``'s argument checks.
+
+    A subclass is an ``attrs.frozen`` class with ``beta_floor``/``beta_ceil`` fields, the class variables
+    ``name``, ``acts_while_warming`` and ``state_type``, and a ``_step`` that does the controller's own math
+    on checked arguments (stable-baselines3's ``on_step``/``_on_step`` split).
+    """
+
+    __slots__ = ()
+    name: ClassVar[str]
+    acts_while_warming: ClassVar[bool]
+    state_type: ClassVar[type[JSONState]]
+    beta_floor: float
+    beta_ceil: float
+
+    def __attrs_post_init__(self) -> None:
+        """Check the cross-field rules: the controller's own, then ``beta_floor < beta_ceil``."""
+        self._check_config()
+        check_floor_ceil(self.beta_floor, self.beta_ceil)
+
+    def _check_config(self) -> None:
+        """Check the controller's own cross-field rules (none by default)."""
+
+    def _base(self, base_beta: object) -> float:
+        return check_base_beta(base_beta, self.beta_floor, self.beta_ceil)
+
+    def _clip(self, beta: float) -> float:
+        return min(self.beta_ceil, max(self.beta_floor, beta))
+
+    @staticmethod
+    def _settle(before: float, computed: float, allow_lower: bool) -> float:
+        """The beta to use: ``computed``, or ``before`` if it would lower beta and lowering is not allowed."""
+        return before if (computed < before and not allow_lower) else computed
+
+    def validate(self, state: StateT) -> None:
+        """Check that ``state`` could have come from this controller (its betas inside the bounds).
+
+        Raises:
+            LoopguardTypeError: ``state`` is not this controller's state type.
+            ConfigError: a beta outside ``[beta_floor, beta_ceil]`` (a state saved under another config).
+        """
+        check_state(state, self.state_type, type(self).__name__)
+        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+
+    def update(
+        self, state: StateT, signal: ControlInput, *, allow_lower: bool = True
+    ) -> tuple[ControlOutput, StateT]:
+        """Advance one step with this step's :class:`ControlInput`.
+
+        Args:
+            state: The state returned by ``init`` or the previous ``update``.
+            signal: This step's input; the controller reads its own fields (see the class).
+            allow_lower: When False (cooldown after a rollback), a step that would lower beta holds it
+                instead; the controller's memory still advances.
+
+        Returns:
+            ``(output, new_state)``; ``output.components`` are listed in the class docstring.
+
+        Raises:
+            LoopguardTypeError: ``state`` is not this controller's state, ``signal`` is not a
+                :class:`ControlInput`, or ``allow_lower`` is not a bool.
+            InputError: ``signal`` lacks what the controller needs (AdaptiveKL: ``batch_size``).
+            ConfigError: ``state`` does not fit this controller's configuration.
+        """
+        self.validate(state)
+        if not isinstance(signal, ControlInput):
+            msg = (
+                f"`signal` must be a ControlInput (e.g. ControlInput(vote=0.4)), got {describe(signal)} "
+                f"of type {type(signal).__name__}."
+            )
+            raise LoopguardTypeError(msg)
+        allow_lower = check_bool("allow_lower", allow_lower)
+        return self._step(state, signal, allow_lower)
+
+    @abc.abstractmethod
+    def _step(self, state: StateT, signal: ControlInput, allow_lower: bool) -> tuple[ControlOutput, StateT]:
+        """The controller's own step, on checked arguments."""

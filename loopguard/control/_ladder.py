@@ -9,12 +9,13 @@ every controller.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal, NamedTuple
 
 import attrs
 
 from loopguard._validation import check_bool, integer
-from loopguard.control._common import FieldSpec, check_state, encode_state, load_state
+from loopguard.control._common import check_state, steps_text
+from loopguard.control._state import JSONState, StateField
 from loopguard.exceptions import ConfigError
 
 __all__ = ["EscalationLadder", "LadderAction", "LadderOutput", "LadderState"]
@@ -22,10 +23,6 @@ __all__ = ["EscalationLadder", "LadderAction", "LadderOutput", "LadderState"]
 LadderAction = Literal["none", "raise_beta", "rollback", "stop"]
 
 RUNG_NONE, RUNG_RAISE, RUNG_ROLLBACK, RUNG_STOP = 0, 1, 2, 3
-
-
-def _steps(n: int) -> str:
-    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 @attrs.frozen
@@ -51,7 +48,7 @@ class LadderOutput:
 
 
 @attrs.frozen
-class LadderState:
+class LadderState(JSONState):
     """Memory of an :class:`EscalationLadder` between steps (a frozen value).
 
     Attributes:
@@ -65,14 +62,14 @@ class LadderState:
         stop_step: The step at which the ladder said stop, or None; once set, every update says stop.
     """
 
-    step: int = attrs.field(validator=integer(lo=0))
-    consecutive_hacking: int = attrs.field(validator=integer(lo=0))
-    consecutive_healthy: int = attrs.field(validator=integer(lo=0))
-    total_hacking_steps: int = attrs.field(validator=integer(lo=0))
-    total_rollbacks: int = attrs.field(validator=integer(lo=0))
-    cooldown_left: int = attrs.field(validator=integer(lo=0))
-    last_rollback_step: int | None = attrs.field(validator=integer(lo=1, optional=True))
-    stop_step: int | None = attrs.field(validator=integer(lo=1, optional=True))
+    step: int = attrs.field(validator=StateField("int", lo=0))
+    consecutive_hacking: int = attrs.field(validator=StateField("int", lo=0))
+    consecutive_healthy: int = attrs.field(validator=StateField("int", lo=0))
+    total_hacking_steps: int = attrs.field(validator=StateField("int", lo=0))
+    total_rollbacks: int = attrs.field(validator=StateField("int", lo=0))
+    cooldown_left: int = attrs.field(validator=StateField("int", lo=0))
+    last_rollback_step: int | None = attrs.field(validator=StateField("int", lo=1, optional=True))
+    stop_step: int | None = attrs.field(validator=StateField("int", lo=1, optional=True))
 
     def __attrs_post_init__(self) -> None:
         """Check counter invariants that every reachable state satisfies."""
@@ -103,37 +100,6 @@ class LadderState:
     def stopped(self) -> bool:
         """Whether the ladder has said stop (terminal)."""
         return self.stop_step is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        """Return the state as plain JSON types.
-
-        Example:
-            >>> EscalationLadder().init().to_dict()["total_rollbacks"]
-            0
-        """
-        return encode_state("LadderState", attrs.asdict(self, recurse=False))
-
-    @classmethod
-    def from_dict(cls, payload: object) -> LadderState:
-        """Rebuild a state from :meth:`to_dict` output, validating every key, type and invariant.
-
-        Raises:
-            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
-                value of the wrong type or out of range; fields that contradict each other.
-        """
-        return load_state(cls, payload, _STATE_SPECS)
-
-
-_STATE_SPECS = {
-    "step": FieldSpec("int", lo=0),
-    "consecutive_hacking": FieldSpec("int", lo=0),
-    "consecutive_healthy": FieldSpec("int", lo=0),
-    "total_hacking_steps": FieldSpec("int", lo=0),
-    "total_rollbacks": FieldSpec("int", lo=0),
-    "cooldown_left": FieldSpec("int", lo=0),
-    "last_rollback_step": FieldSpec("int_or_none", lo=1),
-    "stop_step": FieldSpec("int_or_none", lo=1),
-}
 
 
 @attrs.frozen
@@ -278,81 +244,105 @@ class EscalationLadder:
         self.validate(state)
         hacking = check_bool("hacking", hacking)
         can_rollback = check_bool("can_rollback", can_rollback)
-        step = state.step + 1
-
         if state.stop_step is not None:
-            new_state = attrs.evolve(state, step=step)
             reason = (
                 f"training was stopped at step {state.stop_step}; the ladder is terminal "
                 "(start a new ladder to resume mitigation)"
             )
-            components = self._components(new_state, hacking, can_rollback)
-            return LadderOutput("stop", RUNG_STOP, False, components, reason), new_state
-
-        in_cooldown = state.cooldown_left > 0
-        cooldown_left = max(0, state.cooldown_left - 1)
-        total_rollbacks, last_rollback, stop_step = state.total_rollbacks, state.last_rollback_step, None
-        cooling = f"cooldown after rollback: {_steps(cooldown_left)} left, beta is not lowered"
-
-        if not hacking:
-            streak, healthy, total_hacking = 0, state.consecutive_healthy + 1, state.total_hacking_steps
-            action: LadderAction = "none"
-            rung = RUNG_ROLLBACK if in_cooldown else RUNG_NONE
-            reason = f"healthy for {_steps(healthy)} in a row: no action"
-            if in_cooldown:
-                reason += f"; {cooling}"
+            move = _Move("stop", RUNG_STOP, False, reason, attrs.evolve(state, step=state.step + 1))
+        elif hacking:
+            move = self._hacking(state, can_rollback)
         else:
-            streak, healthy, total_hacking = state.consecutive_hacking + 1, 0, state.total_hacking_steps + 1
-            rollback_open = total_rollbacks < self.max_rollbacks and can_rollback
-            if streak >= self.rollback_patience and rollback_open and not in_cooldown:
-                action, rung = "rollback", RUNG_ROLLBACK
-                total_rollbacks += 1
-                last_rollback = step
-                cooldown_left = self.cooldown_steps
-                in_cooldown = self.cooldown_steps > 0
-                reason = (
-                    "roll back to the last good checkpoint "
-                    f"(rollback {total_rollbacks} of {self.max_rollbacks}): hacking persisted for "
-                    f"{_steps(streak)} in a row while beta was raised; "
-                    f"cooldown of {_steps(self.cooldown_steps)} with no further rollback and no lowering of "
-                    "beta"
-                )
-                streak = 0
-            elif not rollback_open and streak >= self.stop_patience:
-                action, rung, stop_step = "stop", RUNG_STOP, step
-                reason = (
-                    f"stop training: hacking persisted for {_steps(streak)} in a row and "
-                    f"{self._no_rollback_why(total_rollbacks)}; {total_hacking} hacking steps in all. "
-                    "Raising beta did not stop it. To go on, try a "
-                    "higher beta_ceil or a stronger starting beta, a sturdier reward (an ensemble, a gold "
-                    "check, reward shaping), or a lower learning rate, then resume from the last good "
-                    "checkpoint."
-                )
-            else:
-                action = "raise_beta"
-                rung = RUNG_ROLLBACK if in_cooldown else RUNG_RAISE
-                reason = f"hacking for {_steps(streak)} in a row: raise beta"
-                if in_cooldown:
-                    reason += f"; {cooling}"
-                if rollback_open:
-                    more = f"rollback after {self.rollback_patience} in a row"
-                    reason += ", no rollback until it ends" if in_cooldown else f"; {more}"
-                else:
-                    why = self._no_rollback_why(total_rollbacks)
-                    reason += f"; {why}, stop after {self.stop_patience} in a row"
+            move = self._healthy(state)
+        components = self._components(move.state, hacking, can_rollback)
+        return LadderOutput(move.action, move.rung, move.in_cooldown, components, move.reason), move.state
 
-        new_state = LadderState(
-            step=step,
-            consecutive_hacking=streak,
-            consecutive_healthy=healthy,
-            total_hacking_steps=total_hacking,
-            total_rollbacks=total_rollbacks,
-            cooldown_left=cooldown_left,
-            last_rollback_step=last_rollback,
-            stop_step=stop_step,
+    def _cooling(self, cooldown_left: int) -> str:
+        return f"cooldown after rollback: {steps_text(cooldown_left)} left, beta is not lowered"
+
+    def _healthy(self, state: LadderState) -> _Move:
+        """A healthy step: no action; the hacking streak ends and the cooldown counts down."""
+        in_cooldown = state.cooldown_left > 0
+        new_state = attrs.evolve(
+            state,
+            step=state.step + 1,
+            consecutive_hacking=0,
+            consecutive_healthy=state.consecutive_healthy + 1,
+            cooldown_left=max(0, state.cooldown_left - 1),
         )
-        if action == "stop":
-            in_cooldown = False
-        components = self._components(new_state, hacking, can_rollback)
-        output = LadderOutput(action, rung, in_cooldown, components, reason)
-        return output, new_state
+        reason = f"healthy for {steps_text(new_state.consecutive_healthy)} in a row: no action"
+        if in_cooldown:
+            reason += f"; {self._cooling(new_state.cooldown_left)}"
+        return _Move("none", RUNG_ROLLBACK if in_cooldown else RUNG_NONE, in_cooldown, reason, new_state)
+
+    def _hacking(self, state: LadderState, can_rollback: bool) -> _Move:
+        """A hacking step: roll back, stop, or (most often) let the KL controller raise beta."""
+        in_cooldown = state.cooldown_left > 0
+        rollback_open = state.total_rollbacks < self.max_rollbacks and can_rollback
+        new_state = attrs.evolve(
+            state,
+            step=state.step + 1,
+            consecutive_hacking=state.consecutive_hacking + 1,
+            consecutive_healthy=0,
+            total_hacking_steps=state.total_hacking_steps + 1,
+            cooldown_left=max(0, state.cooldown_left - 1),
+        )
+        streak = new_state.consecutive_hacking
+        if streak >= self.rollback_patience and rollback_open and not in_cooldown:
+            return self._rollback(new_state)
+        if not rollback_open and streak >= self.stop_patience:
+            return self._stop(new_state)
+        reason = f"hacking for {steps_text(streak)} in a row: raise beta"
+        if in_cooldown:
+            reason += f"; {self._cooling(new_state.cooldown_left)}"
+        if rollback_open:
+            more = f"rollback after {self.rollback_patience} in a row"
+            reason += ", no rollback until it ends" if in_cooldown else f"; {more}"
+        else:
+            why = self._no_rollback_why(new_state.total_rollbacks)
+            reason += f"; {why}, stop after {self.stop_patience} in a row"
+        return _Move(
+            "raise_beta", RUNG_ROLLBACK if in_cooldown else RUNG_RAISE, in_cooldown, reason, new_state
+        )
+
+    def _rollback(self, state: LadderState) -> _Move:
+        """Ask for a rollback: the streak resets and the cooldown starts."""
+        total_rollbacks = state.total_rollbacks + 1
+        reason = (
+            "roll back to the last good checkpoint "
+            f"(rollback {total_rollbacks} of {self.max_rollbacks}): hacking persisted for "
+            f"{steps_text(state.consecutive_hacking)} in a row while beta was raised; "
+            f"cooldown of {steps_text(self.cooldown_steps)} with no further rollback and no lowering of "
+            "beta"
+        )
+        new_state = attrs.evolve(
+            state,
+            consecutive_hacking=0,
+            total_rollbacks=total_rollbacks,
+            last_rollback_step=state.step,
+            cooldown_left=self.cooldown_steps,
+        )
+        return _Move("rollback", RUNG_ROLLBACK, self.cooldown_steps > 0, reason, new_state)
+
+    def _stop(self, state: LadderState) -> _Move:
+        """Ask to stop the run (terminal), saying what to try next."""
+        reason = (
+            f"stop training: hacking persisted for {steps_text(state.consecutive_hacking)} in a row and "
+            f"{self._no_rollback_why(state.total_rollbacks)}; {state.total_hacking_steps} hacking steps in "
+            "all. "
+            "Raising beta did not stop it. To go on, try a "
+            "higher beta_ceil or a stronger starting beta, a sturdier reward (an ensemble, a gold "
+            "check, reward shaping), or a lower learning rate, then resume from the last good "
+            "checkpoint."
+        )
+        return _Move("stop", RUNG_STOP, False, reason, attrs.evolve(state, stop_step=state.step))
+
+
+class _Move(NamedTuple):
+    """One ladder step's outcome before the components are added."""
+
+    action: LadderAction
+    rung: int
+    in_cooldown: bool
+    reason: str
+    state: LadderState

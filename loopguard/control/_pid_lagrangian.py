@@ -8,36 +8,20 @@ beta, so with no hacking the run keeps exactly the regularisation it was configu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar, NamedTuple
 
 import attrs
 
-from loopguard._validation import check_bool, describe, integer, real
-from loopguard.control._common import (
-    MAX_HISTORY,
-    ControlOutput,
-    FieldSpec,
-    check_base_beta,
-    check_beta_fits,
-    check_floor_ceil,
-    check_measurement,
-    check_state,
-    direction_of,
-    encode_state,
-    fmt_beta,
-    load_state,
-)
+from loopguard._validation import describe, integer, real
+from loopguard.control._common import ControlInput, ControlOutput, KLControllerBase, change_reason, fmt_beta
+from loopguard.control._state import MAX_HISTORY, JSONState, StateField, to_tuple
 from loopguard.exceptions import ConfigError
 
 __all__ = ["PIDLagrangian", "PIDLagrangianState"]
 
 
-def _history(value: Any) -> tuple[float, ...]:
-    return tuple(float(item) for item in value)
-
-
 @attrs.frozen
-class PIDLagrangianState:
+class PIDLagrangianState(JSONState):
     r"""Memory of a :class:`PIDLagrangian` controller between steps (a frozen value).
 
     Attributes:
@@ -51,66 +35,25 @@ class PIDLagrangianState:
             update.
     """
 
-    step: int = attrs.field(validator=integer(lo=0))
-    base_beta: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
-    beta: float = attrs.field(validator=real(lo=0.0, lo_inclusive=False))
-    integral: float = attrs.field(validator=real(lo=0.0))
-    p_ema: float = attrs.field(validator=real(lo=-1.0, hi=1.0))
-    j_ema: float = attrs.field(validator=real(lo=0.0, hi=1.0))
-    j_history: tuple[float, ...] = attrs.field(converter=_history)
+    step: int = attrs.field(validator=StateField("int", lo=0))
+    base_beta: float = attrs.field(validator=StateField("real", lo=0.0, lo_inclusive=False))
+    beta: float = attrs.field(validator=StateField("real", lo=0.0, lo_inclusive=False))
+    integral: float = attrs.field(validator=StateField("real", lo=0.0))
+    p_ema: float = attrs.field(validator=StateField("real", lo=-1.0, hi=1.0))
+    j_ema: float = attrs.field(validator=StateField("real", lo=0.0, hi=1.0))
+    j_history: tuple[float, ...] = attrs.field(
+        converter=to_tuple, validator=StateField("real_list", lo=0.0, hi=1.0)
+    )
 
     def __attrs_post_init__(self) -> None:
-        """Check the history's length cap and range, and that beta never sits below the user's beta."""
-        if len(self.j_history) > MAX_HISTORY:
-            msg = f"`j_history` must have at most {MAX_HISTORY:,} items, got {len(self.j_history):,}."
-            raise ConfigError(msg)
-        if any(not 0.0 <= item <= 1.0 for item in self.j_history):  # NaN fails the comparison too
-            msg = f"`j_history` must hold numbers in [0, 1], got {describe(self.j_history)}."
-            raise ConfigError(msg)
+        """Check that beta never sits below the user's beta (the history's range is its field's check)."""
         if self.beta < self.base_beta:  # beta = clip(base_beta + lambda), lambda >= 0, base_beta >= floor
             msg = f"`beta` must be >= base_beta ({self.base_beta:g}), got {describe(self.beta)}."
             raise ConfigError(msg)
 
-    def to_dict(self) -> dict[str, Any]:
-        """Return the state as plain JSON types (``j_history`` becomes a list).
-
-        Example:
-            >>> PIDLagrangian().init(0.04).to_dict()["j_history"]
-            []
-        """
-        return encode_state("PIDLagrangianState", attrs.asdict(self, recurse=False))
-
-    @classmethod
-    def from_dict(cls, payload: object) -> PIDLagrangianState:
-        """Rebuild a state from :meth:`to_dict` output, validating every key, type and range.
-
-        Raises:
-            StateError: ``payload`` is not a dict; wrong ``kind``/``version``; missing or extra keys; a
-                value of the wrong type or out of range; fields that contradict each other.
-
-        Example:
-            >>> import json
-            >>> ctl = PIDLagrangian()
-            >>> _, state = ctl.update(ctl.init(0.04), 0.9)
-            >>> PIDLagrangianState.from_dict(json.loads(json.dumps(state.to_dict()))) == state
-            True
-        """
-        return load_state(cls, payload, _STATE_SPECS)
-
-
-_STATE_SPECS = {
-    "step": FieldSpec("int", lo=0),
-    "base_beta": FieldSpec("real", lo=0.0, lo_inclusive=False),
-    "beta": FieldSpec("real", lo=0.0, lo_inclusive=False),
-    "integral": FieldSpec("real", lo=0.0),
-    "p_ema": FieldSpec("real", lo=-1.0, hi=1.0),
-    "j_ema": FieldSpec("real", lo=0.0, hi=1.0),
-    "j_history": FieldSpec("real_list", lo=0.0, hi=1.0),
-}
-
 
 @attrs.frozen
-class PIDLagrangian:
+class PIDLagrangian(KLControllerBase[PIDLagrangianState]):
     r"""PID Lagrangian KL controller (Stooke, Achiam and Abbeel 2020), added on top of the user's beta.
 
     Each update takes the hack score :math:`J_k \in [0, 1]` (the Guard's vote) and the limit :math:`J_{lim}`:
@@ -136,8 +79,12 @@ class PIDLagrangian:
     taken against the oldest stored EMA (the first one).
 
     With the score at or below the limit from the start and constant, :math:`\lambda = 0` and beta stays
-    exactly at :math:`\beta_0`. ``update(..., allow_lower=False)`` holds beta where it was instead of
-    lowering it (P, I and D still advance); :math:`K_p, K_i, K_d` are in beta units per unit of score.
+    exactly at :math:`\beta_0`. ``update(state, ControlInput(vote=...))`` reads ``signal.vote`` as
+    :math:`J_k`; ``update(..., allow_lower=False)`` holds beta where it was instead of lowering it (P, I
+    and D still advance); :math:`K_p, K_i, K_d` are in beta units per unit of score. ``output.components``:
+    ``score``, ``limit``, ``error`` (:math:`\Delta`), ``p`` (:math:`K_p P`), ``i`` (:math:`I`), ``d``
+    (:math:`K_d D`), ``lambda`` (:math:`\max(0, p + i + d)`) and ``base_beta``; all three terms are in beta
+    units.
 
     Args:
         limit: Target hack score :math:`J_{lim}` in (0, 1). Default 0.15: the controller settles the score
@@ -169,14 +116,12 @@ class PIDLagrangian:
 
     Example:
         >>> ctl = PIDLagrangian()
-        >>> state = ctl.init(0.04)
-        >>> for score in [0.05, 0.8, 0.8, 0.8]:
-        ...     out, state = ctl.update(state, score)
-        ...     print(f"{score:.2f} {out.beta:.4f} {out.direction}")
-        0.05 0.0400 hold
-        0.80 0.0530 raise
-        0.80 0.0662 raise
-        0.80 0.0790 raise
+        >>> state, betas = ctl.init(0.04), []
+        >>> for score in [0.05, 0.8, 0.8, 0.8]:  # healthy, then a hack: beta rises step by step
+        ...     out, state = ctl.update(state, ControlInput(vote=score))
+        ...     betas.append(round(out.beta, 4))
+        >>> betas, out.direction
+        ([0.04, 0.053, 0.0662, 0.079], 'raise')
         >>> sorted(out.components)
         ['base_beta', 'd', 'error', 'i', 'lambda', 'limit', 'p', 'score']
 
@@ -184,6 +129,10 @@ class PIDLagrangian:
         Stooke, A., Achiam, J. and Abbeel, P. (2020). Responsive Safety in Reinforcement Learning by PID
         Lagrangian Methods. ICML 2020, arXiv:2007.03964.
     """
+
+    name: ClassVar[str] = "pid_lagrangian"
+    acts_while_warming: ClassVar[bool] = False  # it steers on the hack vote, which needs the warm-up
+    state_type: ClassVar[type[PIDLagrangianState]] = PIDLagrangianState
 
     limit: float = attrs.field(
         default=0.15, validator=real(lo=0.0, hi=1.0, lo_inclusive=False, hi_inclusive=False)
@@ -200,12 +149,11 @@ class PIDLagrangian:
     beta_floor: float = attrs.field(default=1e-6, validator=real(lo=0.0, lo_inclusive=False))
     beta_ceil: float = attrs.field(default=1.0, validator=real(lo=0.0, lo_inclusive=False))
 
-    def __attrs_post_init__(self) -> None:
-        """Check the cross-field rules: some gain is > 0 and ``beta_floor < beta_ceil``."""
+    def _check_config(self) -> None:
+        """Check the cross-field rule: some gain is > 0."""
         if self.kp == 0.0 and self.ki == 0.0 and self.kd == 0.0:
             msg = "`kp`, `ki` and `kd` must not all be 0, got 0, 0, 0 (the controller would never act)."
             raise ConfigError(msg)
-        check_floor_ceil(self.beta_floor, self.beta_ceil)
 
     def init(self, base_beta: float) -> PIDLagrangianState:
         """Start at the user's beta with zero multiplier and an empty derivative history.
@@ -214,7 +162,7 @@ class PIDLagrangian:
             LoopguardTypeError: ``base_beta`` is a bool or not a number.
             ConfigError: ``base_beta`` is not finite, <= 0 or outside ``[beta_floor, beta_ceil]``.
         """
-        base = check_base_beta(base_beta, self.beta_floor, self.beta_ceil)
+        base = self._base(base_beta)
         return PIDLagrangianState(
             step=0, base_beta=base, beta=base, integral=0.0, p_ema=0.0, j_ema=0.0, j_history=()
         )
@@ -230,8 +178,7 @@ class PIDLagrangian:
             ConfigError: a beta outside ``[beta_floor, beta_ceil]``, an integral above the anti-windup clamp
                 or a derivative history longer than ``d_delay`` (a state saved under another config).
         """
-        check_state(state, PIDLagrangianState, "PIDLagrangian")
-        check_beta_fits(state.beta, state.base_beta, self.beta_floor, self.beta_ceil)
+        super().validate(state)
         if len(state.j_history) > self.d_delay:
             msg = (
                 f"`state.j_history` must have at most d_delay ({self.d_delay}) items, "
@@ -246,33 +193,38 @@ class PIDLagrangian:
             )
             raise ConfigError(msg)
 
-    def update(
-        self, state: PIDLagrangianState, score: float, *, allow_lower: bool = True
+    def _step(
+        self, state: PIDLagrangianState, signal: ControlInput, allow_lower: bool
     ) -> tuple[ControlOutput, PIDLagrangianState]:
-        r"""Advance one step with the current hack score.
+        score = signal.vote
+        terms = self._terms(state, score)
+        computed = self._clip(state.base_beta + terms.lam)
+        before = state.beta
+        beta = self._settle(before, computed, allow_lower)
+        new_state = PIDLagrangianState(
+            step=state.step + 1,
+            base_beta=state.base_beta,
+            beta=beta,
+            integral=terms.integral,
+            p_ema=terms.p_ema,
+            j_ema=terms.j_ema,
+            j_history=(*state.j_history, terms.j_ema)[-self.d_delay :],
+        )
+        components = {
+            "score": score,
+            "limit": self.limit,
+            "error": terms.error,
+            "p": terms.p,
+            "i": terms.integral,
+            "d": terms.d,
+            "lambda": terms.lam,
+            "base_beta": state.base_beta,
+        }
+        reason = self._reason(state, beta, computed, terms, score)
+        return ControlOutput.step(before, beta, components, reason), new_state
 
-        Args:
-            state: The state from :meth:`init` or the previous :meth:`update`.
-            score: The hack score of this step, a finite number in [0, 1].
-            allow_lower: When False (cooldown after a rollback), beta is held instead of lowered; the
-                controller's P, I and D still advance.
-
-        Returns:
-            ``(output, new_state)``. ``output.components``: ``score``, ``limit``, ``error`` (:math:`\Delta`),
-            ``p`` (:math:`K_p P`), ``i`` (:math:`I`), ``d`` (:math:`K_d D`), ``lambda``
-            (:math:`\max(0, p + i + d)`) and ``base_beta``; all three terms are in beta units.
-
-        Raises:
-            LoopguardTypeError: ``state`` is not a :class:`PIDLagrangianState`, or ``score``/``allow_lower``
-                has the wrong type.
-            InputError: ``score`` is NaN, infinite or outside [0, 1].
-            ConfigError: ``state`` does not fit this controller (beta outside the bounds, or a derivative
-                history longer than ``d_delay``).
-        """
-        self.validate(state)
-        score = check_measurement("score", score, lo=0.0, hi=1.0)
-        allow_lower = check_bool("allow_lower", allow_lower)
-
+    def _terms(self, state: PIDLagrangianState, score: float) -> _Terms:
+        """The PID terms of this step, from the previous state and the score."""
         error = score - self.limit
         integral = min(self._integral_max(state.base_beta), max(0.0, state.integral + self.ki * error))
         # The clamps only guard against float round-off pushing an EMA a hair outside its range.
@@ -288,55 +240,36 @@ class PIDLagrangian:
             reference = state.j_history[0]
         else:
             j_ema = reference = score
-        derivative = max(0.0, j_ema - reference)
-        p_term, d_term = self.kp * p_ema, self.kd * derivative
+        p_term, d_term = self.kp * p_ema, self.kd * max(0.0, j_ema - reference)
         lam = max(0.0, p_term + integral + d_term)
-        computed = min(self.beta_ceil, max(self.beta_floor, state.base_beta + lam))
+        return _Terms(error, integral, p_ema, j_ema, p_term, d_term, lam)
 
+    def _reason(
+        self, state: PIDLagrangianState, beta: float, computed: float, terms: _Terms, score: float
+    ) -> str:
+        """Word the step: what happened to beta, then the score and the three terms behind lambda."""
         before = state.beta
-        beta = before if (computed < before and not allow_lower) else computed
         why = (
-            f"score {score:.2f} vs limit {self.limit:g} (error {error:+.2f}); lambda {lam:.4g} = "
-            f"P {p_term:.4g} + I {integral:.4g} + D {d_term:.4g}"
+            f"score {score:.2f} vs limit {self.limit:g} (error {terms.error:+.2f}); lambda {terms.lam:.4g} = "
+            f"P {terms.p:.4g} + I {terms.integral:.4g} + D {terms.d:.4g}"
         )
-        if beta > before:
-            reason = f"raised beta {fmt_beta(before)} -> {fmt_beta(beta)}: {why}"
-            if beta == self.beta_ceil:
-                reason += " (now at the ceiling)"
-        elif beta < before:
-            reason = f"lowered beta {fmt_beta(before)} -> {fmt_beta(beta)}: {why}"
-        elif computed < before:
-            reason = (
-                f"held beta {fmt_beta(before)}: the controller would lower it to {fmt_beta(computed)}, but "
-                f"lowering is not allowed now (cooldown after a rollback); {why}"
-            )
-        elif beta == self.beta_ceil and state.base_beta + lam > self.beta_ceil:
-            reason = f"held beta at the ceiling {fmt_beta(before)}: {why}"
-        elif beta == state.base_beta:
-            reason = f"held beta {fmt_beta(before)} (the starting beta): {why}"
-        else:
-            reason = f"held beta {fmt_beta(before)}: {why}"
+        reason = change_reason(before, beta, computed, why)
+        if reason is not None:
+            return reason + (" (now at the ceiling)" if before < beta == self.beta_ceil else "")
+        if beta == self.beta_ceil and state.base_beta + terms.lam > self.beta_ceil:
+            return f"held beta at the ceiling {fmt_beta(before)}: {why}"
+        if beta == state.base_beta:
+            return f"held beta {fmt_beta(before)} (the starting beta): {why}"
+        return f"held beta {fmt_beta(before)}: {why}"
 
-        new_state = PIDLagrangianState(
-            step=state.step + 1,
-            base_beta=state.base_beta,
-            beta=beta,
-            integral=integral,
-            p_ema=p_ema,
-            j_ema=j_ema,
-            j_history=(*state.j_history, j_ema)[-self.d_delay :],
-        )
-        components = {
-            "score": score,
-            "limit": self.limit,
-            "error": error,
-            "p": p_term,
-            "i": integral,
-            "d": d_term,
-            "lambda": lam,
-            "base_beta": state.base_beta,
-        }
-        output = ControlOutput(
-            beta=beta, direction=direction_of(before, beta), components=components, reason=reason
-        )
-        return output, new_state
+
+class _Terms(NamedTuple):
+    """One PID step's numbers: the error, the new memory (integral, EMAs) and the terms, in beta units."""
+
+    error: float
+    integral: float
+    p_ema: float
+    j_ema: float
+    p: float
+    d: float
+    lam: float

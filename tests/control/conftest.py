@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 
+from loopguard.control import ControlInput
+
 
 def simulate_plant(
     controller, base_beta, *, steps=400, drift=0.02, c=0.05, noise=0.01, seed=0, drift_until=None
@@ -20,7 +22,7 @@ def simulate_plant(
     pressure = 0.05
     scores, betas = [], []
     for t in range(steps):
-        output, state = controller.update(state, pressure)
+        output, state = controller.update(state, ControlInput(vote=pressure))
         scores.append(pressure)
         betas.append(output.beta)
         push = drift if drift_until is None or t < drift_until else -0.01

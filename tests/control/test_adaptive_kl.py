@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
-from loopguard.control import AdaptiveKL, AdaptiveKLState, BangBang
+from loopguard.control import AdaptiveKL, AdaptiveKLState, BangBang, ControlInput, ControlOutput
 
 
 def reference_ziegler(kls, n_steps, base, *, target, horizon, floor, ceil):
@@ -25,7 +25,8 @@ def run(controller, kls, base, n_steps=None, allow=None):
     outputs, states = [], []
     for k, kl in enumerate(kls):
         n = 1 if n_steps is None else n_steps[k]
-        output, state = controller.update(state, kl, n, allow_lower=True if allow is None else allow[k])
+        signal = ControlInput(kl=kl, batch_size=n)
+        output, state = controller.update(state, signal, allow_lower=True if allow is None else allow[k])
         outputs.append(output)
         states.append(state)
     return outputs, states
@@ -73,20 +74,22 @@ def test_it_goes_below_the_users_beta_which_is_its_job():
 
 def test_clamped_at_floor_and_ceiling_never_zero():
     ctl = AdaptiveKL(horizon=1, beta_floor=0.01, beta_ceil=0.5)
-    out, state = ctl.update(ctl.init(0.1), 0.0, 10)  # factor 1 - 0.2 * 10 = -1: the floor catches it
+    out, state = ctl.update(
+        ctl.init(0.1), ControlInput(kl=0.0, batch_size=10)
+    )  # factor 1 - 0.2 * 10 = -1: the floor catches it
     assert out.beta == 0.01
     assert out.reason.startswith("lowered beta 0.1 -> 0.01 (at the floor): ")
-    out, _ = ctl.update(state, 0.0, 10)
+    out, _ = ctl.update(state, ControlInput(kl=0.0, batch_size=10))
     assert out.beta == 0.01
     assert out.direction == "hold"
-    out, _ = ctl.update(ctl.init(0.4), 100.0, 10)
+    out, _ = ctl.update(ctl.init(0.4), ControlInput(kl=100.0, batch_size=10))
     assert out.beta == 0.5
     assert "(at the ceiling)" in out.reason
 
 
 def test_allow_lower_false():
     ctl = AdaptiveKL(rule="ppo")
-    out, state = ctl.update(ctl.init(0.1), 0.0, allow_lower=False)
+    out, state = ctl.update(ctl.init(0.1), ControlInput(kl=0.0, batch_size=1), allow_lower=False)
     assert out.beta == 0.1
     assert out.direction == "hold"
     assert out.reason.startswith(
@@ -142,8 +145,10 @@ def test_monotone_in_kl_and_on_target_holds(config, kl_a, kl_b, n):
     ctl, base = config
     state = ctl.init(base)
     low, high = sorted((kl_a, kl_b))
-    assert ctl.update(state, low, n)[0].beta <= ctl.update(state, high, n)[0].beta
-    out, _ = ctl.update(state, ctl.target, n)
+    low_out, _ = ctl.update(state, ControlInput(kl=low, batch_size=n))
+    high_out, _ = ctl.update(state, ControlInput(kl=high, batch_size=n))
+    assert low_out.beta <= high_out.beta
+    out, _ = ctl.update(state, ControlInput(kl=ctl.target, batch_size=n))
     assert out.beta == base
     assert out.direction == "hold"
 
@@ -154,12 +159,12 @@ def test_json_round_trip_mid_sequence_gives_identical_future(config, before, aft
     ctl, base = config
     state = ctl.init(base)
     for kl, n, allowed in before:
-        _, state = ctl.update(state, kl, n, allow_lower=allowed)
+        _, state = ctl.update(state, ControlInput(kl=kl, batch_size=n), allow_lower=allowed)
     restored = AdaptiveKLState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert restored == state
     for kl in after:
-        out_a, state = ctl.update(state, kl, 7)
-        out_b, restored = ctl.update(restored, kl, 7)
+        out_a, state = ctl.update(state, ControlInput(kl=kl, batch_size=7))
+        out_b, restored = ctl.update(restored, ControlInput(kl=kl, batch_size=7))
         assert out_a == out_b
         assert state == restored
 
@@ -182,32 +187,99 @@ def test_bad_config(kwargs, error, message):
 
 
 @pytest.mark.parametrize(
-    ("kl", "n_steps", "allow_lower", "error", "message"),
+    ("kl", "batch_size", "error", "message"),
     [
-        (-1.0, 1, True, InputError, "`kl` must be >= 0, got -1.0."),
-        (float("nan"), 1, True, InputError, "`kl` must be finite, got nan."),
-        (True, 1, True, LoopguardTypeError, "`kl` must be a real number (not bool), got True."),
-        (1.0, 0, True, InputError, "`n_steps` must be >= 1, got 0."),
-        (1.0, 1.0, True, LoopguardTypeError, "`n_steps` must be an integer, got 1.0 of type float."),
-        (1.0, True, True, LoopguardTypeError, "`n_steps` must be an integer (not bool), got True."),
-        (1.0, 1, "no", LoopguardTypeError, "`allow_lower` must be a bool, got 'no' of type str."),
+        (float("nan"), 1, InputError, "`kl` must be finite, got nan."),
+        (float("inf"), 1, InputError, "`kl` must be finite, got inf."),
+        (True, 1, LoopguardTypeError, "`kl` must be a real number (not bool), got True."),
+        ("0.1", 1, LoopguardTypeError, "`kl` must be a real number, got '0.1' of type str."),
+        (1.0, 0, InputError, "`batch_size` must be >= 1, got 0."),
+        (1.0, 1.0, LoopguardTypeError, "`batch_size` must be an integer, got 1.0 of type float."),
+        (1.0, True, LoopguardTypeError, "`batch_size` must be an integer (not bool), got True."),
     ],
 )
-def test_bad_update_arguments(kl, n_steps, allow_lower, error, message):
-    ctl = AdaptiveKL()
+def test_bad_kl_or_batch_size_is_refused_when_the_input_is_built(kl, batch_size, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        ctl.update(ctl.init(0.1), kl, n_steps, allow_lower=allow_lower)
+        ControlInput(kl=kl, batch_size=batch_size)
+
+
+def test_bad_update_arguments():
+    ctl = AdaptiveKL()
+    with pytest.raises(
+        LoopguardTypeError, match=re.escape("`allow_lower` must be a bool, got 'no' of type str.")
+    ):
+        ctl.update(ctl.init(0.1), ControlInput(kl=1.0, batch_size=1), allow_lower="no")
+    with pytest.raises(
+        LoopguardTypeError,
+        match=re.escape(
+            "`signal` must be a ControlInput (e.g. ControlInput(vote=0.4)), got 1.0 of type float."
+        ),
+    ):
+        ctl.update(ctl.init(0.1), 1.0)
+    with pytest.raises(
+        InputError,
+        match=re.escape(
+            "`signal.batch_size` must be the number of completions in the step (an int >= 1) when `signal.kl` is given"
+        ),
+    ):
+        ctl.update(ctl.init(0.1), ControlInput(kl=1.0))
+    with pytest.raises(InputError, match=re.escape("`signal.batch_size` must be")):
+        AdaptiveKL(rule="ppo").update(ctl.init(0.1), ControlInput(kl=1.0))  # required for either rule
+
+
+def test_no_kl_holds_beta_leaves_the_state_unchanged_and_carries_a_note():
+    ctl = AdaptiveKL(target=6.0, horizon=100)
+    _, state = ctl.update(ctl.init(0.1), ControlInput(kl=9.0, batch_size=10))
+    assert state.step == 1
+    assert state.beta == pytest.approx(0.102)
+    out, same = ctl.update(state, ControlInput(vote=0.9, batch_size=10), allow_lower=False)
+    assert same is state
+    assert out == ControlOutput(
+        beta=state.beta,
+        direction="hold",
+        components={},
+        reason="",
+        note="adaptive_kl holds beta: this step has no kl",
+    )
+    out, later = ctl.update(same, ControlInput(kl=9.0, batch_size=10))  # the next step with a KL goes on
+    assert later.step == 2
+    assert out.note is None
+    with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be an AdaptiveKLState")):
+        ctl.update(BangBang().init(0.1), ControlInput())  # a step with no KL still checks the state
+
+
+def test_negative_kl_is_clipped_to_zero():
+    # A k1 estimate can dip below 0 on one batch; the controller reads it as a KL of 0 (the Guard used to clip).
+    ctl = AdaptiveKL(target=6.0, horizon=100)
+    state = ctl.init(0.1)
+    out, new_state = ctl.update(state, ControlInput(kl=-0.05, batch_size=10))
+    zero, zero_state = ctl.update(state, ControlInput(kl=0.0, batch_size=10))
+    assert out.components["kl"] == 0.0
+    assert out.reason == zero.reason
+    assert out.reason.startswith("lowered beta 0.1 -> 0.098: KL 0 vs target 6 (error -1.000, clipped -0.200)")
+    assert out.beta == pytest.approx(0.1 * (1 - 0.2 * 10 / 100))
+    assert new_state == zero_state
+    ppo_out, _ = AdaptiveKL(rule="ppo", target=1.0).update(state, ControlInput(kl=-0.3, batch_size=1))
+    assert ppo_out.reason == "lowered beta 0.1 -> 0.05: KL 0 < target/1.5 = 0.6667; halve"
+
+
+def test_name_and_acts_while_warming():
+    assert AdaptiveKL.name == "adaptive_kl"
+    assert AdaptiveKL.acts_while_warming is True
+    assert AdaptiveKL(beta_ceil=0.5).beta_ceil == 0.5
 
 
 def test_bad_state_and_payload():
     ctl = AdaptiveKL()
     with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be an AdaptiveKLState")):
-        ctl.update(BangBang().init(0.1), 1.0)
+        ctl.update(BangBang().init(0.1), ControlInput(kl=1.0, batch_size=1))
     with pytest.raises(ConfigError, match=re.escape("`state.beta` must be in this controller's")):
-        ctl.update(AdaptiveKLState(step=0, base_beta=0.1, beta=3.0), 1.0)
+        ctl.update(AdaptiveKLState(step=0, base_beta=0.1, beta=3.0), ControlInput(kl=1.0, batch_size=1))
     payload = ctl.init(0.1).to_dict()
     payload["beta"] = 0
     with pytest.raises(ConfigError, match=re.escape("`state.beta` must be > 0, got 0.")):
         AdaptiveKLState.from_dict(payload)
-    with pytest.raises(StateError, match=re.escape("`state` must be a dict (from AdaptiveKLState.to_dict())")):
+    with pytest.raises(
+        StateError, match=re.escape("`state` must be a dict (from AdaptiveKLState.to_dict())")
+    ):
         AdaptiveKLState.from_dict("state")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
-from loopguard.control import BangBang, BangBangState, ControlOutput, PIDLagrangian
+from loopguard.control import BangBang, BangBangState, ControlInput, ControlOutput, PIDLagrangian
 
 # --------------------------------------------------------------------------------------------------
 # an independent, naive reference
@@ -37,7 +37,9 @@ def run(controller, votes, base, allow=None):
     state = controller.init(base)
     outputs, states = [], []
     for k, vote in enumerate(votes):
-        output, state = controller.update(state, vote, allow_lower=True if allow is None else allow[k])
+        output, state = controller.update(
+            state, ControlInput(vote=vote), allow_lower=True if allow is None else allow[k]
+        )
         outputs.append(output)
         states.append(state)
     return outputs, states
@@ -210,10 +212,10 @@ def test_no_change_while_votes_stay_strictly_inside_the_band(config, prefix, raw
     assert all(lo < v < hi for v in band_votes)
     state = ctl.init(base)
     for vote in prefix:
-        _, state = ctl.update(state, vote)
+        _, state = ctl.update(state, ControlInput(vote=vote))
     beta, tripped = state.beta, state.tripped
     for vote in band_votes:
-        output, state = ctl.update(state, vote)
+        output, state = ctl.update(state, ControlInput(vote=vote))
         assert output.direction == "hold"
         assert output.beta == beta
         assert state.tripped == tripped
@@ -225,12 +227,12 @@ def test_json_round_trip_mid_sequence_gives_identical_future(config, before, aft
     ctl, base = config
     state = ctl.init(base)
     for vote in before:
-        _, state = ctl.update(state, vote)
+        _, state = ctl.update(state, ControlInput(vote=vote))
     restored = BangBangState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert restored == state
     for vote in after:
-        out_a, state = ctl.update(state, vote)
-        out_b, restored = ctl.update(restored, vote)
+        out_a, state = ctl.update(state, ControlInput(vote=vote))
+        out_b, restored = ctl.update(restored, ControlInput(vote=vote))
         assert out_a == out_b
         assert state == restored
 
@@ -320,26 +322,43 @@ def test_bad_base_beta(base, error, message):
 
 
 @pytest.mark.parametrize(
-    ("vote", "allow_lower", "error", "message"),
+    ("vote", "error", "message"),
     [
-        (1.5, True, InputError, "`vote` must be in [0, 1], got 1.5."),
-        (-0.01, True, InputError, "`vote` must be in [0, 1], got -0.01."),
-        (float("nan"), True, InputError, "`vote` must be finite, got nan."),
-        (True, True, LoopguardTypeError, "`vote` must be a real number (not bool), got True."),
-        ("0.5", True, LoopguardTypeError, "`vote` must be a real number, got '0.5' of type str."),
-        (0.5, 1, LoopguardTypeError, "`allow_lower` must be a bool, got 1 of type int."),
+        (1.5, InputError, "`vote` must be in [0, 1], got 1.5."),
+        (-0.01, InputError, "`vote` must be in [0, 1], got -0.01."),
+        (float("nan"), InputError, "`vote` must be finite, got nan."),
+        (True, LoopguardTypeError, "`vote` must be a real number (not bool), got True."),
+        ("0.5", LoopguardTypeError, "`vote` must be a real number, got '0.5' of type str."),
     ],
 )
-def test_bad_update_arguments(vote, allow_lower, error, message):
-    ctl = BangBang()
+def test_bad_vote_is_refused_when_the_input_is_built(vote, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        ctl.update(ctl.init(0.01), vote, allow_lower=allow_lower)
+        ControlInput(vote=vote)
+
+
+@pytest.mark.parametrize(
+    ("signal", "allow_lower", "message"),
+    [
+        (ControlInput(vote=0.5), 1, "`allow_lower` must be a bool, got 1 of type int."),
+        (0.5, True, "`signal` must be a ControlInput (e.g. ControlInput(vote=0.4)), got 0.5 of type float."),
+        (
+            None,
+            True,
+            "`signal` must be a ControlInput (e.g. ControlInput(vote=0.4)), got None of type NoneType.",
+        ),
+    ],
+)
+def test_bad_update_arguments(signal, allow_lower, message):
+    ctl = BangBang()
+    with pytest.raises(LoopguardTypeError, match=re.escape(message)):
+        ctl.update(ctl.init(0.01), signal, allow_lower=allow_lower)
 
 
 def test_numpy_scalars_are_accepted():
     ctl = BangBang()
-    output, _ = ctl.update(ctl.init(np.float32(0.01)), np.float64(0.5))
+    output, _ = ctl.update(ctl.init(np.float32(0.01)), ControlInput(vote=np.float64(0.5)))
     assert type(output.beta) is float
+    assert type(output.components["vote"]) is float
 
 
 def test_wrong_state_is_rejected():
@@ -347,14 +366,14 @@ def test_wrong_state_is_rejected():
     with pytest.raises(
         LoopguardTypeError, match=re.escape("`state` must be a BangBangState (from BangBang.init")
     ):
-        ctl.update(PIDLagrangian().init(0.01), 0.5)
+        ctl.update(PIDLagrangian().init(0.01), ControlInput(vote=0.5))
     with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be a BangBangState")):
-        ctl.update(ctl.init(0.01).to_dict(), 0.5)
+        ctl.update(ctl.init(0.01).to_dict(), ControlInput(vote=0.5))
     other = BangBang(beta_ceil=5.0).init(3.0)
     with pytest.raises(
         ConfigError, match=re.escape("`state.base_beta` must be in this controller's [beta_floor")
     ):
-        ctl.update(other, 0.5)
+        ctl.update(other, ControlInput(vote=0.5))
 
 
 @pytest.mark.parametrize(
@@ -389,9 +408,7 @@ def test_from_dict_validates(mutate, error, message):
 
 
 def test_from_dict_rejects_non_dict():
-    with pytest.raises(
-        StateError, match=re.escape("`state` must be a dict (from BangBangState.to_dict())")
-    ):
+    with pytest.raises(StateError, match=re.escape("`state` must be a dict (from BangBangState.to_dict())")):
         BangBangState.from_dict([1, 2])
 
 

@@ -9,6 +9,7 @@ from loopguard import ConfigError, LoopguardTypeError, StateError
 from loopguard.control import (
     AdaptiveKL,
     BangBang,
+    ControlInput,
     EscalationLadder,
     LadderOutput,
     LadderState,
@@ -228,7 +229,12 @@ def test_cooldown_keeps_every_controller_from_lowering_beta(controller):
     for value in measurements:
         hacking = value >= 0.3 if not isinstance(controller, AdaptiveKL) else value > 9.0
         step, ladder_state = ladder.update(ladder_state, hacking=hacking)
-        out, state = controller.update(state, value, allow_lower=not step.in_cooldown)
+        signal = (
+            ControlInput(kl=value, batch_size=1)
+            if isinstance(controller, AdaptiveKL)
+            else ControlInput(vote=value)
+        )
+        out, state = controller.update(state, signal, allow_lower=not step.in_cooldown)
         rows.append((step.action, step.in_cooldown, out.direction))
     assert rows[1][0] == "rollback"
     assert all(in_cooldown for _, in_cooldown, _ in rows[1:7])

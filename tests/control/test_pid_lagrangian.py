@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
-from loopguard.control import BangBang, PIDLagrangian, PIDLagrangianState
+from loopguard.control import BangBang, ControlInput, PIDLagrangian, PIDLagrangianState
 
 # --------------------------------------------------------------------------------------------------
 # an independent, naive reference (full lists and explicit indices instead of a rolling window)
@@ -34,7 +34,9 @@ def run(controller, scores, base, allow=None):
     state = controller.init(base)
     outputs, states = [], []
     for k, score in enumerate(scores):
-        output, state = controller.update(state, score, allow_lower=True if allow is None else allow[k])
+        output, state = controller.update(
+            state, ControlInput(vote=score), allow_lower=True if allow is None else allow[k]
+        )
         outputs.append(output)
         states.append(state)
     return outputs, states
@@ -180,12 +182,12 @@ def test_json_round_trip_mid_sequence_gives_identical_future(config, before, aft
     ctl, base = config
     state = ctl.init(base)
     for score in before:
-        _, state = ctl.update(state, score)
+        _, state = ctl.update(state, ControlInput(vote=score))
     restored = PIDLagrangianState.from_dict(json.loads(json.dumps(state.to_dict())))
     assert restored == state
     for score in after:
-        out_a, state = ctl.update(state, score)
-        out_b, restored = ctl.update(restored, score)
+        out_a, state = ctl.update(state, ControlInput(vote=score))
+        out_b, restored = ctl.update(restored, ControlInput(vote=score))
         assert out_a == out_b
         assert state == restored
 
@@ -233,8 +235,8 @@ def test_allow_lower_false_reason():
     ctl = PIDLagrangian()
     state = ctl.init(0.04)
     for score in [0.9, 0.9]:
-        _, state = ctl.update(state, score)
-    output, _ = ctl.update(state, 0.0, allow_lower=False)
+        _, state = ctl.update(state, ControlInput(vote=score))
+    output, _ = ctl.update(state, ControlInput(vote=0.0), allow_lower=False)
     assert output.direction == "hold"
     assert output.beta == state.beta
     assert output.reason.startswith(f"held beta {state.beta:.4g}: the controller would lower it to ")
@@ -271,7 +273,7 @@ def test_plant_log_response_sanity(plant):
         def init(self, base):
             return base
 
-        def update(self, state, score):
+        def update(self, state, signal):
             return SimpleNamespace(beta=state), state
 
     scores, _ = plant(Fixed(), 0.04)
@@ -313,15 +315,26 @@ def test_bad_config(kwargs, error, message):
 @pytest.mark.parametrize(
     ("score", "error", "message"),
     [
-        (1.2, InputError, "`score` must be in [0, 1], got 1.2."),
-        (float("-inf"), InputError, "`score` must be finite, got -inf."),
-        (False, LoopguardTypeError, "`score` must be a real number (not bool), got False."),
+        (1.2, InputError, "`vote` must be in [0, 1], got 1.2."),
+        (float("-inf"), InputError, "`vote` must be finite, got -inf."),
+        (False, LoopguardTypeError, "`vote` must be a real number (not bool), got False."),
     ],
 )
 def test_bad_score(score, error, message):
-    ctl = PIDLagrangian()
+    # The score reaches the controller as ControlInput.vote, checked when the input is built.
     with pytest.raises(error, match=re.escape(message)):
-        ctl.update(ctl.init(0.04), score)
+        ControlInput(vote=score)
+
+
+def test_update_needs_a_control_input():
+    ctl = PIDLagrangian()
+    with pytest.raises(
+        LoopguardTypeError,
+        match=re.escape(
+            "`signal` must be a ControlInput (e.g. ControlInput(vote=0.4)), got 0.5 of type float."
+        ),
+    ):
+        ctl.update(ctl.init(0.04), 0.5)
 
 
 def test_bad_base_beta_and_state():
@@ -331,14 +344,14 @@ def test_bad_base_beta_and_state():
         PIDLagrangian(beta_floor=0.01).init(0.001)
     ctl = PIDLagrangian()
     with pytest.raises(LoopguardTypeError, match=re.escape("`state` must be a PIDLagrangianState")):
-        ctl.update(BangBang().init(0.04), 0.5)
+        ctl.update(BangBang().init(0.04), ControlInput(vote=0.5))
     long_state = PIDLagrangian(d_delay=20).init(0.04)
     for _ in range(15):
-        _, long_state = PIDLagrangian(d_delay=20).update(long_state, 0.5)
+        _, long_state = PIDLagrangian(d_delay=20).update(long_state, ControlInput(vote=0.5))
     with pytest.raises(
         ConfigError, match=re.escape("`state.j_history` must have at most d_delay (10) items, got 15")
     ):
-        ctl.update(long_state, 0.5)
+        ctl.update(long_state, ControlInput(vote=0.5))
 
 
 @pytest.mark.parametrize(
