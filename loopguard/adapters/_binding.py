@@ -9,7 +9,9 @@ If no frame matches (an unusual launcher), the garbage collector's referrers are
 to the handler's ``callbacks`` list, to the handler, to the object holding the handler. Either way the
 candidate must hold the callback itself (identity), so a trainer is never guessed.
 
-A trainer that cannot be found is a configuration error: pass ``trainer=`` or call ``.bind(trainer)``.
+A trainer that cannot be found is a configuration error: pass ``trainer=`` or call ``.bind(trainer)``, the
+primary path; this search is the fallback for a bare ``trainer.add_callback(...)``. Hand-written because
+transformers has no API that hands a callback its trainer.
 
 Example:
     >>> class Handler:

@@ -7,24 +7,27 @@ Policy (documented in ``docs/trl.md``):
   refused), and after ``resume_from_checkpoint`` from step ``s`` the run's checkpoints saved after ``s`` (an
   abandoned timeline) are discarded, so steps are saved again from ``s`` on and a rollback never lands on
   the abandoned timeline.
-* **Saving.** Every ``every`` optimizer steps, on the main process, and only while the Guard's latest
-  verdict is OK: the policy, the optimizer, the LR scheduler, the RNG states, the reference model when TRL
-  keeps it in sync with the policy (``sync_ref_model=True``; a fixed reference needs no copy), and the
-  mitigator's state as ``extra_state``.
-* **Good marks.** A checkpoint is *pending* until the next save boundary and marked good only if every Guard
-  verdict in between was OK (a confirmation window: the hack may have begun before it was detected). Without a
-  mitigator to confirm, a checkpoint is good when saved.
-* **Restoring.** The newest good checkpoint saved strictly before the hack's onset (the first non-OK verdict
-  of the current episode): weights, optimizer, the synced reference model, and the LR scheduler only when
-  asked (by default the LR stays on the global-step schedule). RNG streams are not rewound (that would replay
-  the draws that led into the hack). Newer checkpoints are discarded (main process). ``global_step`` does not
-  rewind: transformers' loop cannot go back, so the step counter, the dataloader and ``max_steps`` keep going.
-  GRPO / RLOO's buffered generations are dropped so the next batch comes from the restored policy.
+* **Saving.** Every ``every`` steps, on the main process, and only while the Guard says the run is healthy
+  (:attr:`~loopguard.Guard.healthy`): the policy, the optimizer, the LR scheduler, the RNG states, the
+  reference model when it drifts with the policy (TRL's ``sync_ref_model=True``; a fixed reference needs no
+  copy), and the adapter's state as ``extra_state``.
+* **Good marks.** The Guard keeps the ledger (:meth:`~loopguard.Guard.checkpoint_saved`,
+  :meth:`~loopguard.Guard.confirm_checkpoint`): a checkpoint is *pending* until the next save boundary and
+  marked good only if every verdict in between was OK (a confirmation window: the hack may have begun before
+  it was detected). Without a Guard to confirm, a checkpoint is good when saved.
+* **Restoring.** The newest good checkpoint saved strictly before the Guard's ``Decision.restore_before``
+  (the hack's onset): weights, optimizer, the reference model when it drifts, and the LR scheduler only when
+  the adapter passes it. RNG streams are not rewound (that would replay the draws that led into the hack).
+  Newer checkpoints are discarded (main process).
+
+The TRL callbacks (:mod:`loopguard.adapters.hf_trainer`) and :class:`~loopguard.adapters.loop.LoopGuard`
+both save and restore through this one class, so a hand-written loop gets the guarantees of a TRL run.
 
 Example:
     >>> import torch
     >>> from loopguard.checkpoint import CheckpointManager
-    >>> store = RollbackStore(CheckpointManager(in_memory=True), every=2, confirm=True)
+    >>> from loopguard import Guard
+    >>> store = RollbackStore(CheckpointManager(in_memory=True), every=2, guard=Guard(mode="log_only"))
     >>> store.can_rollback(before_step=10)
     False
 """
@@ -33,12 +36,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from loopguard._validation import check_path, describe
 from loopguard.exceptions import LoopguardTypeError
 
-__all__ = ["RollbackStore", "open_manager", "synced_reference"]
+if TYPE_CHECKING:
+    from loopguard.guard import Guard
+
+__all__ = ["Parts", "RollbackStore", "open_manager", "restore_good", "synced_reference"]
 
 
 def synced_reference(trainer: Any, args: Any) -> Any:
@@ -65,22 +73,38 @@ def open_manager(checkpoint: Any, *, keep_last: int = 3) -> Any:
     raise LoopguardTypeError(msg)
 
 
+@attrs.frozen
+class Parts:
+    """What a checkpoint holds and a rollback restores: the policy and, when given, its training state.
+
+    Attributes:
+        model: The policy (a ``torch.nn.Module``).
+        optimizer: Its optimizer, or None.
+        scheduler: Its LR scheduler, or None (on a rollback: None keeps the LR on its schedule).
+        ref_model: The KL reference model when it drifts with the policy (saved and restored), else None.
+    """
+
+    model: Any
+    optimizer: Any = None
+    scheduler: Any = None
+    ref_model: Any = None
+
+
 class RollbackStore:
-    """Rollback checkpoints on a CheckpointManager (see the module docs for the policy).
+    """Rollback checkpoints on a CheckpointManager, confirmed by a Guard (see the module docs for the policy).
 
     Args:
         manager: The :class:`~loopguard.checkpoint.CheckpointManager`.
-        every: Optimizer steps between saves.
-        confirm: Mark a checkpoint good only after a healthy confirmation window (True when a mitigator
-            reports verdicts), else as soon as it is saved.
+        every: Steps between saves.
+        guard: The Guard whose verdicts say when a save is safe and which checkpoint is confirmed good; None
+            marks every checkpoint good when it is saved (nothing watches the run).
     """
 
-    def __init__(self, manager: Any, every: int, *, confirm: bool) -> None:
+    def __init__(self, manager: Any, every: int, *, guard: Guard | None) -> None:
         """Wrap ``manager``."""
         self.manager = manager
         self.every = every
-        self.confirm = confirm
-        self.pending: int | None = None
+        self.guard = guard
         self.run: Any = None
 
     def start(self, run: Any, *, main: bool) -> list[int]:
@@ -103,14 +127,8 @@ class RollbackStore:
         discarded: list[int] = []
         if run.resumed_from is not None and main:
             discarded = self.manager.discard_after(run.resumed_from)
-        self.pending = None
         self.run = run
         return discarded
-
-    def observe(self, verdict: str) -> None:
-        """Feed one Guard verdict: a non-OK verdict disqualifies the pending checkpoint."""
-        if verdict != "OK":
-            self.pending = None
 
     def can_rollback(self, before_step: int) -> bool:
         """Whether a good checkpoint saved strictly before ``before_step`` exists."""
@@ -118,64 +136,58 @@ class RollbackStore:
 
     def save(
         self,
-        trainer: Any,
-        args: Any,
-        state: Any,
-        healthy: bool,
+        step: int,
+        parts: Parts,
+        *,
+        main: bool,
         extra_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        """At a save boundary: confirm the pending checkpoint, then save this step's if ``healthy``.
+        """At a save boundary: mark the checkpoint the Guard confirms good, then save this step's if healthy.
 
-        ``extra_state`` is called only when a checkpoint is written.
+        Call it on every rank at every step (the main process writes); ``extra_state`` is called only when a
+        checkpoint is written.
         """
-        step = int(state.global_step)
         if step % self.every:
             return
-        main = bool(state.is_world_process_zero)
-        if self.pending is not None and main:
-            self.manager.mark_good(self.pending)
-        self.pending = None
-        if not healthy or not main:
+        confirmed = None if self.guard is None else self.guard.confirm_checkpoint()
+        if confirmed is not None and main:
+            self.manager.mark_good(confirmed)
+        if self.guard is not None and not self.guard.healthy:
             return
-        self.manager.save(
-            step,
-            trainer.model,
-            trainer.optimizer,
-            trainer.lr_scheduler,
-            ref_model=synced_reference(trainer, args),
-            rng=True,
-            extra_state=None if extra_state is None else extra_state(),
-        )
-        if self.confirm:
-            self.pending = step
+        if main:
+            self.manager.save(
+                step,
+                parts.model,
+                parts.optimizer,
+                parts.scheduler,
+                ref_model=parts.ref_model,
+                rng=True,
+                extra_state=None if extra_state is None else extra_state(),
+            )
+        if self.guard is None:
+            if main:
+                self.manager.mark_good(step)
         else:
-            self.manager.mark_good(step)
+            self.guard.checkpoint_saved(step)
 
-    def rollback(
-        self,
-        trainer: Any,
-        args: Any,
-        state: Any,
-        *,
-        before_step: int,
-        restore_scheduler: bool,
-        discard_newer: bool | None = None,
-    ) -> int:
-        """Restore the newest good checkpoint before ``before_step`` into the trainer; returns its step.
+    def rollback(self, parts: Parts, *, before_step: int, discard_newer: bool) -> int:
+        """Restore the newest good checkpoint saved before ``before_step`` into ``parts``; its step."""
+        return restore_good(self.manager, parts, before_step=before_step, discard_newer=discard_newer)
 
-        ``discard_newer`` defaults to "on the main process" (see ``synced_restore`` for multi-rank order).
-        """
-        restored = self.manager.restore(
-            "last_good",
-            trainer.model,
-            trainer.optimizer,
-            trainer.lr_scheduler if restore_scheduler else None,
-            ref_model=synced_reference(trainer, args),
-            rng=False,
-            before_step=before_step,
-            discard_newer=bool(state.is_world_process_zero) if discard_newer is None else discard_newer,
-        )
-        self.pending = None
-        if hasattr(trainer, "_buffered_inputs"):
-            trainer._buffered_inputs = None  # the next batch is generated by the restored policy
-        return int(restored.step)
+
+def restore_good(manager: Any, parts: Parts, *, before_step: int, discard_newer: bool) -> int:
+    """Restore the newest good checkpoint of ``manager`` saved strictly before ``before_step``; its step.
+
+    RNG streams are not rewound (that would replay the draws that led into the hack).
+    """
+    restored = manager.restore(
+        "last_good",
+        parts.model,
+        parts.optimizer,
+        parts.scheduler,
+        ref_model=parts.ref_model,
+        rng=False,
+        before_step=before_step,
+        discard_newer=discard_newer,
+    )
+    return int(restored.step)

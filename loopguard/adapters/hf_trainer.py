@@ -2,11 +2,13 @@
 
 The line users write::
 
-    trainer.add_callback(RewardHackMitigator(mode="kl_control"))
+    trainer.add_callback(RewardHackMitigator(guard=Guard(...), trainer=trainer))  # or RewardHackMitigator()
 
-Three callbacks live here; each is thin (the Guard decides, :mod:`loopguard.adapters._observe` reads the
-trainer, :mod:`loopguard.adapters._beta` writes beta, :mod:`loopguard.adapters._rollback` saves and restores
-rollback checkpoints):
+Three callbacks live here; each is thin: the :class:`~loopguard.Guard` makes every decision (the verdict,
+beta, rollback or stop, the hack's onset, when a checkpoint is safe and which one is good),
+:mod:`loopguard.adapters._observe` turns the trainer's state into an :class:`~loopguard.Observation`,
+:mod:`loopguard.adapters._beta` writes beta and :mod:`loopguard.adapters._rollback` saves and restores
+rollback checkpoints, the same store :class:`~loopguard.adapters.loop.LoopGuard` uses in a raw loop:
 
 * :class:`RewardHackMitigator` -- each optimizer step's new generation batches become one
   :class:`~loopguard.Observation`;
@@ -18,11 +20,17 @@ rollback checkpoints):
 * :class:`RLCheckpointCallback` -- mid-epoch rollback checkpoints (policy, optimizer, scheduler, RNG, the
   reference model when TRL syncs it, and the mitigator's state).
 
-**Finding the trainer.** transformers never passes the trainer to a callback. At ``on_train_begin`` each
-callback walks up the call stack to the ``Trainer`` whose ``callback_handler`` holds it (falling back to the
-garbage collector's referrers; see :mod:`loopguard.adapters._binding`), then moves itself to the front of the
-callback list so the metrics it adds in ``on_log`` reach TensorBoard / W&B / trackio. ``trainer=`` and
-``.bind(trainer)`` skip the search.
+**Binding to the trainer.** transformers never passes the trainer to a callback, so bind it explicitly:
+``RewardHackMitigator(..., trainer=trainer)`` or ``.bind(trainer)`` (the primary path). As a fallback for the
+bare ``trainer.add_callback(RewardHackMitigator())``, each callback finds its trainer at ``on_train_begin`` by
+walking up the call stack to the ``Trainer`` whose ``callback_handler`` holds it (then the garbage
+collector's referrers; see :mod:`loopguard.adapters._binding`). Either way it moves itself to the front of
+the callback list so the metrics it adds in ``on_log`` reach TensorBoard / W&B / trackio.
+
+**Resume state.** The mitigator writes its own ``loopguard_state.json`` into each ``checkpoint-N`` instead of
+using transformers' ``ExportableState`` / ``stateful_callbacks``: those rebuild a callback from JSON
+constructor arguments, which cannot carry a Guard with callables (``embed_fn``, ``gold_fn``, taps, beta
+setters), and are restored only with ``restore_callback_states_from_checkpoint=True`` (off by default).
 
 **Failures** (the policy, documented in ``docs/trl.md``). Anything that keeps a callback from working raises
 at construction or at ``on_train_begin``, before the first step: a bad setting, a trainer it cannot observe
@@ -50,13 +58,12 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import os
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import attrs
 
@@ -68,7 +75,7 @@ from loopguard._saved_state import (
     read_state_file,
     write_state_file,
 )
-from loopguard._validation import check_bool, check_choice, check_int, check_path, check_real, describe
+from loopguard._validation import check_bool, check_choice, check_int, check_path, describe
 from loopguard.adapters._beta import (
     BetaAccessor,
     Coefficient,
@@ -79,11 +86,10 @@ from loopguard.adapters._beta import (
 from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, move_first
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
-from loopguard.adapters._rollback import RollbackStore, open_manager
+from loopguard.adapters._rollback import Parts, RollbackStore, open_manager, synced_reference
 from loopguard.adapters._run_scope import Run, default_store_dir, resolve_run, write_run_file
 from loopguard.adapters._tap import TappedReward, is_tapped
-from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
-from loopguard.detectors import Detector, GoldAudit, InfoRM, RMEnsemble
+from loopguard.detectors import HACK_LEVEL, WARN_LEVEL, GoldAudit, InfoRM, Repetition, RMEnsemble
 from loopguard.exceptions import (
     ConfigError,
     LoopguardError,
@@ -91,9 +97,9 @@ from loopguard.exceptions import (
     MissingDependencyError,
     StateError,
 )
-from loopguard.guard import Decision, Guard, Mode, Observation
+from loopguard.guard import Decision, Guard, Mode, Observation, echo_guard
 from loopguard.log import MAX_EXPLANATION_LENGTH, MitigationLog, MitigationRecord
-from loopguard.signals import classify_echo, ngram_repetition_rate
+from loopguard.signals import ngram_repetition_rate
 
 try:
     from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -116,7 +122,7 @@ STATE_FILE = "loopguard_state.json"
 """Name of the mitigator's state file inside each ``checkpoint-N`` folder."""
 
 STATE_KIND = "loopguard.RewardHackMitigator"
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 VERDICT_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "HACK": 2.0}
 """``loopguard/verdict`` and ``loopguard/echo/verdict`` codes (TRAP is 2 for the echo callback)."""
@@ -131,12 +137,10 @@ ACTION_CODES: dict[str, float] = {
 """``loopguard/action`` codes, ordered by severity (the worst action since the last log is reported)."""
 
 _ECHO_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "TRAP": 2.0}
-_GUARD_KEYS = frozenset(
-    ("mode", "signals", "controller", "ladder", "halt_on_hack", "warmup_steps", "beta", "on_error")
-)
 _ON_ERROR = ("warn", "raise")
 OnError = Literal["warn", "raise"]
-_STATE_KEYS = ("kind", "version", "mode", "beta", "guard", "rollbacks", "onset", "run")
+_STATE_KEYS = ("kind", "version", "mode", "beta", "guard", "rollbacks", "run")
+_STATE_KEYS_V2 = ("kind", "version", "mode", "beta", "guard", "rollbacks", "onset", "run")  # the Guard's now
 
 
 # -------------------------------------------------------------------------------------------- shared base
@@ -321,6 +325,33 @@ def _worse(current: float | None, new: float) -> float:
     return new if current is None else max(current, new)
 
 
+def _guard_of(mode: object, guard: object, on_error: OnError) -> Guard:
+    """The mitigator's Guard: the one given, or the ``mode`` preset (default ``"kl_control"``)."""
+    if guard is None:
+        return Guard(mode=mode or "kl_control", on_error=on_error)  # type: ignore[arg-type]
+    if mode is not None:
+        current = getattr(guard, "mode", None)
+        msg = (
+            f"`mode` must be None when a guard is given (the Guard's mode is {current!r}), got "
+            f"mode={mode!r}: configure the mode on the Guard."
+        )
+        raise ConfigError(msg)
+    if not isinstance(guard, Guard):
+        msg = f"`guard` must be a loopguard.Guard, got {describe(guard)}."
+        raise LoopguardTypeError(msg)
+    return guard
+
+
+def _parts(trainer: Any, args: Any, *, scheduler: bool = True) -> Parts:
+    """The trainer's policy, optimizer, scheduler and (when TRL syncs it) reference model."""
+    return Parts(
+        trainer.model,
+        trainer.optimizer,
+        trainer.lr_scheduler if scheduler else None,
+        synced_reference(trainer, args),
+    )
+
+
 # -------------------------------------------------------------------------------------------- the mitigator
 
 
@@ -353,18 +384,16 @@ class RewardHackMitigator(_Observer):
     rollback store and the log records (see ``docs/trl.md``).
 
     Args:
-        mode: ``"kl_control"`` (bang-bang, default), ``"pid_lagrangian"``, ``"adaptive_kl"`` or ``"log_only"``
-            (observe and log, never change anything except stopping with ``halt_on_hack``).
-        signals: Signal names or detector configs (default: repetition, diversity, length, collapse, drift).
+        mode: A shorthand for ``guard=Guard(mode=mode)`` with every default: ``"kl_control"`` (bang-bang, the
+            default when neither is given), ``"pid_lagrangian"``, ``"adaptive_kl"`` or ``"log_only"``
+            (observe and log, never change anything).
+        guard: The :class:`~loopguard.Guard` that decides: its signals, controller, escalation ladder (the
+            rollback and stop rungs; rollbacks need a checkpoint source), warm-up, smoothing and vote.
             ``RMEnsemble(members=("rm_a", "rm_b"))`` names the trainer's reward functions that form the
             ensemble (a member may have weight 0 in ``reward_weights``: watched, not trained on);
             ``"rm_ensemble"`` alone uses every reward function. ``InfoRM(embed_fn=...)`` (reference latents
             from the first half of the warm-up, or ``reference_embeddings=``) and ``GoldAudit(gold_fn=...)``
             need their callables: the trainer has no embeddings or gold scores to offer.
-        controller: A configured ``BangBang`` / ``PIDLagrangian`` / ``AdaptiveKL`` for the mode (default: the
-            mode's defaults).
-        rollback: ``True`` for the default :class:`~loopguard.EscalationLadder`, or a configured ladder; its
-            rollback rung needs a checkpoint source. ``False`` (default): no ladder.
         checkpoint: A :class:`~loopguard.checkpoint.CheckpointManager` or a directory: the mitigator saves
             rollback checkpoints there every ``checkpoint_every`` steps. None: use an attached
             :class:`RLCheckpointCallback`'s store.
@@ -374,31 +403,30 @@ class RewardHackMitigator(_Observer):
         restore_on_stop: When the Guard stops the run and a checkpoint store exists, restore the newest good
             checkpoint saved before the hack's onset first, so the trainer ends with (and ``save_model``
             saves) the last good policy, not the hacked one. Default True.
-        halt_on_hack: Stop at the first HACK verdict (any mode).
-        warmup_steps: Observed batches used to learn each signal's baseline, >= 3. Default 20.
         coefficient: ``(getter, setter)`` callables, or a dotted attribute path on the trainer such as
             ``"args.kl_coef"``, for trainers without a ``beta`` attribute.
         taps: Reward functions wrapped with :func:`loopguard.tap` to read rewards from (default: tapped
             functions among ``trainer.reward_funcs`` when the trainer keeps no per-completion logs).
         group_size: Completions per prompt for tapped rewards (GRPO / RLOO use ``num_generations``).
         log_path: The JSONL mitigation log; default ``<output_dir>/mitigation_log.jsonl``.
-        guard_options: More :class:`~loopguard.Guard` options (``smoothing``, ``vote``, ``hack_level``, ...).
         on_error: What a failure inside loopguard while training runs does: ``"warn"`` (default: a warning
             and a logged error naming the step, every time; ``loopguard/active`` 0; an ``error`` record in
-            the mitigation log; training goes on) or ``"raise"`` (fatal). Passed to the Guard as well.
-        trainer: Bind to this trainer now instead of finding it at the start of training.
+            the mitigation log; training goes on) or ``"raise"`` (fatal). With ``mode=``, passed to the
+            Guard as well (a Guard you pass keeps its own ``on_error``).
+        trainer: The trainer to bind to now (the primary path: ``RewardHackMitigator(trainer=trainer)``, or
+            ``.bind(trainer)``); otherwise it is searched for at the start of training (see the module docs).
 
     Raises:
-        ConfigError, LoopguardTypeError: at construction for a bad argument, an unknown signal, an
+        ConfigError, LoopguardTypeError: at construction for a bad argument, both ``mode`` and ``guard``, an
             ``info_rm`` without ``embed_fn``, a ``gold`` signal without ``gold_fn``, a bool for a number,
-            ``checkpoint`` without a rollback ladder; at the start of training for a trainer whose beta is 0
-            (or not found) in a KL-changing mode, rollback without a checkpoint source, unknown ensemble
-            members, a trainer with nothing to observe, a rollback store that cannot be read or belongs to
-            another run, a resume state or run file that does not load, or any other exception while
-            starting (raised as a ``ConfigError``).
+            ``checkpoint`` without a Guard ladder that rolls back; at the start of training for a trainer
+            whose beta is 0 (or not found) in a KL-changing mode, rollback without a checkpoint source,
+            unknown ensemble members, a trainer with nothing to observe, a rollback store that cannot be read
+            or belongs to another run, a resume state or run file that does not load, or any other exception
+            while starting (raised as a ``ConfigError``).
 
     Example:
-        >>> mitigator = RewardHackMitigator(mode="log_only", signals=["repetition", "diversity"])
+        >>> mitigator = RewardHackMitigator(guard=Guard(["repetition", "diversity"], mode="log_only"))
         >>> [detector.name for detector in mitigator.guard.detectors]
         ['repetition', 'diversity']
         >>> RewardHackMitigator(checkpoint_every=True)
@@ -411,47 +439,24 @@ class RewardHackMitigator(_Observer):
 
     def __init__(
         self,
-        mode: Mode = "kl_control",
-        signals: Sequence[str | Detector] | None = None,
+        mode: Mode | None = None,
         *,
-        controller: BangBang | PIDLagrangian | AdaptiveKL | None = None,
-        rollback: bool | EscalationLadder = False,
+        guard: Guard | None = None,
         checkpoint: Any = None,
         checkpoint_every: int = 10,
         restore_scheduler: bool = False,
         restore_on_stop: bool = True,
-        halt_on_hack: bool = False,
-        warmup_steps: int = 20,
         coefficient: Coefficient | None = None,
         taps: Sequence[TappedReward] | None = None,
         group_size: int | None = None,
         log_path: str | os.PathLike[str] | None = None,
-        guard_options: Mapping[str, Any] | None = None,
         on_error: OnError = "warn",
         trainer: Any = None,
     ) -> None:
-        """Validate the configuration and build the Guard (see the class docstring)."""
+        """Validate the configuration (see the class docstring)."""
         on_error = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
-        options = dict(guard_options or {})
-        allowed = set(inspect.signature(Guard.__init__).parameters) - {"self"} - _GUARD_KEYS
-        for key in options:
-            if key not in allowed:
-                msg = f"`guard_options` must name Guard options ({', '.join(sorted(allowed))}), got {key!r}."
-                raise ConfigError(msg)
-        if isinstance(rollback, EscalationLadder):
-            ladder: EscalationLadder | None = rollback
-        else:
-            ladder = EscalationLadder() if check_bool("rollback", rollback) else None
-        self.guard = Guard(
-            signals,
-            mode=mode,
-            controller=controller,
-            ladder=ladder,
-            halt_on_hack=halt_on_hack,
-            warmup_steps=warmup_steps,
-            on_error=on_error,
-            **options,
-        )
+        self.guard = _guard_of(mode, guard, on_error)
+        ladder = self.guard.ladder
         for detector in self.guard.detectors:
             if isinstance(detector, InfoRM) and detector.embed_fn is None:
                 msg = (
@@ -471,8 +476,8 @@ class RewardHackMitigator(_Observer):
         self._manager = None if checkpoint is None else open_manager(checkpoint)
         if self._manager is not None and (ladder is None or ladder.max_rollbacks == 0):
             msg = (
-                "`checkpoint` is only used for rollbacks: pass rollback=True (or an EscalationLadder with "
-                f"max_rollbacks >= 1) too, got rollback={rollback!r}."
+                "`checkpoint` is only used for rollbacks: give the Guard an EscalationLadder with "
+                f"max_rollbacks >= 1 too (Guard(..., ladder=EscalationLadder())), got ladder={ladder!r}."
             )
             raise ConfigError(msg)
         self._coefficient = check_coefficient(coefficient)
@@ -496,7 +501,6 @@ class RewardHackMitigator(_Observer):
         self._own_store = False
         self._members: tuple[str, ...] | None = None
         self._log: MitigationLog | None = None
-        self._onset: int | None = None
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
         self._since_log: dict[str, float] = {}
@@ -523,7 +527,7 @@ class RewardHackMitigator(_Observer):
         return None if self._store is None else self._store.manager
 
     def state_dict(self) -> dict[str, Any]:
-        """The mitigator's state as plain JSON (the Guard's state, beta, rollbacks, the onset, the run)."""
+        """The mitigator's state as plain JSON (the Guard's state, beta, rollbacks, the run)."""
         return {
             "kind": STATE_KIND,
             "version": STATE_VERSION,
@@ -531,7 +535,6 @@ class RewardHackMitigator(_Observer):
             "beta": self.beta,
             "guard": self.guard.state_dict(),
             "rollbacks": [dict(entry) for entry in self.rollbacks],
-            "onset": self._onset,
             "run": self.run_id,
         }
 
@@ -540,15 +543,22 @@ class RewardHackMitigator(_Observer):
 
         Every field is checked before anything changes: the kind and version, the exact keys, each value's
         type and range, the Guard's state against this Guard's configuration, and the run: a state saved
-        by another run is refused once this mitigator has a run identity.
+        by another run is refused once this mitigator has a run identity. A version-2 state (which kept the
+        hack's onset here, not in the Guard) still loads.
 
         Raises:
             StateError: a malformed, truncated or unreachable state, another kind or version, a Guard
                 configured differently, or another run's state. The mitigator (and the trainer's beta) is then
                 unchanged.
         """
+        version = state.get("version") if isinstance(state, Mapping) else None
+        old = version == 2 and not isinstance(version, bool)
         fields = open_state(
-            state, kind=STATE_KIND, version=STATE_VERSION, keys=_STATE_KEYS, owner="RewardHackMitigator"
+            state,
+            kind=STATE_KIND,
+            version=2 if old else STATE_VERSION,
+            keys=_STATE_KEYS_V2 if old else _STATE_KEYS,
+            owner="RewardHackMitigator",
         )
         mode = fields.raw("mode")
         if mode != self.guard.mode:
@@ -556,8 +566,9 @@ class RewardHackMitigator(_Observer):
             raise StateError(msg)
         fields.real("beta", lo=0.0, lo_inclusive=False, optional=True)
         guard = self.guard.decode_state(fields.raw("guard"))
+        if old:
+            guard.episode.onset = fields.integer("onset", lo=0, optional=True)
         rollbacks = decode_rollbacks(fields)
-        onset = fields.integer("onset", lo=0, optional=True)
         run = fields.raw("run")
         if run is not None:
             with as_state_error():
@@ -569,7 +580,7 @@ class RewardHackMitigator(_Observer):
             )
             raise StateError(msg)
         self.guard.load_state_dict(guard)
-        self.rollbacks, self._onset, self.run_id = rollbacks, onset, run
+        self.rollbacks, self.run_id = rollbacks, run
         beta = self.guard.beta
         if self._accessor is not None and self.guard.mode != "log_only" and beta is not None:
             self._accessor.set(float(beta))
@@ -691,7 +702,7 @@ class RewardHackMitigator(_Observer):
         wants = ladder is not None and ladder.max_rollbacks > 0
         if self._manager is not None:
             if self._store is None or self._store.manager is not self._manager:
-                self._store = RollbackStore(self._manager, self.checkpoint_every, confirm=True)
+                self._store = RollbackStore(self._manager, self.checkpoint_every, guard=self.guard)
             self._own_store = True
             _start_store(self._store, run, state)
         else:
@@ -741,17 +752,16 @@ class RewardHackMitigator(_Observer):
             batch = self._source.poll(int(state.global_step))
             if batch is not None or self._sync.active:  # every rank takes part, with or without a batch
                 observation = None if batch is None else self._observation(batch)
-                onset = self._onset if self._onset is not None else int(state.global_step)
-                can_rollback = self._store is not None and self._store.can_rollback(onset)
+                target = self.guard.rollback_target(int(state.global_step))
+                can_rollback = self._store is not None and self._store.can_rollback(target)
                 # one decision on every rank (no collective in a single process): see _distributed.py
                 decision = synced_step(self.guard, observation, can_rollback=can_rollback, sync=self._sync)
                 if decision is not None:
                     self._apply(decision, observation, batch, args, state, control)
             if self._own_store and self._store is not None:
-                healthy = self.last_decision is None or (
-                    self.last_decision.verdict == "OK" and not self.guard.stopped
-                )
-                self._store.save(self._trainer, args, state, healthy, self.state_dict)
+                main = bool(state.is_world_process_zero)
+                parts = _parts(self._trainer, args)
+                self._store.save(int(state.global_step), parts, main=main, extra_state=self.state_dict)
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_step_end", error, int(state.global_step))
 
@@ -795,12 +805,6 @@ class RewardHackMitigator(_Observer):
         if decision.errors:  # a detector failed inside the Guard: counted like any run-time failure
             self.errors += len(decision.errors)
             self._failed_since_log = True
-        if decision.verdict == "OK":
-            self._onset = None
-        elif self._onset is None:
-            self._onset = decision.step
-        if self._store is not None:
-            self._store.observe(decision.verdict)
         accessor = self._accessor if self.guard.mode != "log_only" else None
         if accessor is not None and decision.beta_after is not None and decision.beta_after != self.beta:
             accessor.set(float(decision.beta_after))
@@ -829,23 +833,20 @@ class RewardHackMitigator(_Observer):
         self, store: RollbackStore, args: TrainingArguments, state: TrainerState, before: int
     ) -> int:
         """Restore the last good checkpoint before ``before`` on every rank (see ``synced_restore``)."""
-        return synced_restore(
+        parts = _parts(self._trainer, args, scheduler=self.restore_scheduler)
+        restored = synced_restore(
             self._sync,
-            lambda discard: store.rollback(
-                self._trainer,
-                args,
-                state,
-                before_step=before,
-                restore_scheduler=self.restore_scheduler,
-                discard_newer=discard,
-            ),
+            lambda discard: store.rollback(parts, before_step=before, discard_newer=discard),
             main=bool(state.is_world_process_zero),
         )
+        if hasattr(self._trainer, "_buffered_inputs"):
+            self._trainer._buffered_inputs = None  # GRPO / RLOO: the next batch is the restored policy's
+        return restored
 
     def _rollback(self, decision: Decision, args: TrainingArguments, state: TrainerState) -> dict[str, Any]:
         if self._store is None:
             return {"rollback_error": "no checkpoint store"}
-        before = self._onset if self._onset is not None else decision.step
+        before = decision.restore_before if decision.restore_before is not None else decision.step
         try:
             restored = self._synced_restore(self._store, args, state, before)
         except Exception as error:
@@ -853,7 +854,6 @@ class RewardHackMitigator(_Observer):
             return {"rollback_error": f"{type(error).__name__}: {error}"}
         entry = {"step": int(decision.step), "restored_step": restored}
         self.rollbacks.append(entry)
-        self._onset = None
         logger.warning(
             "loopguard: rolled back to the checkpoint of step %d at step %d", restored, decision.step
         )
@@ -864,7 +864,7 @@ class RewardHackMitigator(_Observer):
     ) -> dict[str, Any]:
         if self._store is None:
             return {}
-        before = self._onset if self._onset is not None else decision.step
+        before = decision.restore_before if decision.restore_before is not None else decision.step
         if not self._sync.all(self._store.can_rollback(before)):  # the same answer on every rank
             return {"restored_at_stop": None}
         try:
@@ -924,12 +924,15 @@ class RewardHackMitigator(_Observer):
 class EchoTrapCallback(_Observer):
     """Flag echo traps: the n-gram repetition rate of each generation batch, OK / WARN / TRAP, halt on TRAP.
 
-    Reads each new generation batch once (GRPO / RLOO logs, or :func:`loopguard.tap` records). Repetition is
-    measured on token ids -- those the tapped reward function received, or the completions tokenised with the
-    trainer's tokenizer -- and on whitespace-separated words only when there is no tokenizer. The batch-mean
-    rate is classified by :func:`~loopguard.signals.classify_echo`: OK below ``warn``, WARN from ``warn``,
-    TRAP from ``threshold``. Logged as ``loopguard/echo/repetition`` and ``loopguard/echo/verdict`` (0 OK,
-    1 WARN, 2 TRAP: the worst since the last logging step).
+    A preset, not a second mechanism: the callback runs :func:`~loopguard.guard.echo_guard`, a log-only
+    :class:`~loopguard.Guard` of one :class:`~loopguard.detectors.Repetition` detector on absolute bands,
+    exactly as :class:`RewardHackMitigator` runs its Guard (the same decision on every rank). Reads each new
+    generation batch once (GRPO / RLOO logs, or :func:`loopguard.tap` records). Repetition is measured on
+    token ids -- those the tapped reward function received, or the completions tokenised with the trainer's
+    tokenizer -- and on whitespace-separated words only when there is no tokenizer. The batch-mean rate reads
+    OK below ``warn``, WARN from ``warn``, TRAP (the Guard's HACK) from ``threshold``, from the first batch.
+    Logged as ``loopguard/echo/repetition`` and ``loopguard/echo/verdict`` (0 OK, 1 WARN, 2 TRAP: the worst
+    since the last logging step).
 
     Args:
         threshold: TRAP from this batch-mean repetition rate, in (0, 1]. Default 0.6.
@@ -967,16 +970,16 @@ class EchoTrapCallback(_Observer):
         on_error: OnError = "warn",
         trainer: Any = None,
     ) -> None:
-        """Validate the bands (see the class docstring)."""
-        self.threshold = check_real("threshold", threshold, lo=0.0, hi=1.0, lo_inclusive=False)
-        self.halt = check_bool("halt", halt)
+        """Validate the bands and build the echo Guard (see the class docstring)."""
+        on_error = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
         self.n = check_int("n", n, lo=1, hi=32)
-        self.warn = (
-            self.threshold / 2
-            if warn is None
-            else check_real("warn", warn, lo=0.0, hi=self.threshold, lo_inclusive=False, hi_inclusive=False)
-        )
+        self.guard = echo_guard(threshold, warn, n=self.n, halt=halt, on_error=on_error)
+        self.halt = self.guard.halt_on_hack
+        detector = cast("Repetition", self.guard.detectors[0])  # echo_guard's one detector, with echo bands
+        self.warn, self.threshold = cast("tuple[float, float]", detector.echo)
+        self._rate = detector.metrics()[0]
         self._source: GenerationSource | TapSource | MetricSource | None = None
+        self._sync = RankSync()
         self.last: tuple[int, float, str] | None = None
         self._worst: float | None = None
         super().__init__(trainer, on_error)
@@ -984,7 +987,11 @@ class EchoTrapCallback(_Observer):
     def classify(self, completions: Sequence[Any]) -> tuple[float, str]:
         """Batch-mean repetition rate of ``completions`` (texts or token-id lists) and its verdict."""
         rate = float(ngram_repetition_rate(list(completions), n=self.n))
-        return round(rate, 6), classify_echo(rate, warn=self.warn, trap=self.threshold)
+        return round(rate, 6), self._verdict(rate)
+
+    def _verdict(self, rate: float) -> str:
+        score = self._rate.absolute_score(rate) or 0.0
+        return "TRAP" if score >= HACK_LEVEL else "WARN" if score >= WARN_LEVEL else "OK"
 
     def _start(self, args: TrainingArguments, state: TrainerState) -> None:
         """Find the trainer and its completions (fail fast when it has none)."""
@@ -1002,33 +1009,39 @@ class EchoTrapCallback(_Observer):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """Classify the step's generation batches (each once); stop on TRAP when ``halt``."""
+        """Classify the step's generation batches (each once) with the echo Guard; halt on TRAP."""
         if not self._ready or self._source is None:
             return
         try:
             batch = self._source.poll(int(state.global_step))
-            if batch is None or not batch.completions:
+            if batch is not None and not batch.completions:
+                batch = None
+            if batch is None and not self._sync.active:
                 return
-            sequences: Sequence[Any] = (
-                batch.completion_ids if batch.completion_ids is not None else batch.completions
-            )
-            rate, verdict = self.classify(
-                [list(row) if not isinstance(row, str) else row for row in sequences]
-            )
-            self.last = (batch.step, rate, verdict)
-            self._worst = _worse(self._worst, _ECHO_CODES[verdict])
-            if verdict != "OK":
-                example = max(batch.completions, key=lambda text: len(text))[:80]
-                message = (
-                    f"loopguard echo {verdict} at step {batch.step}: mean {self.n}-gram repetition "
-                    f"{rate:.3f} >= {self.threshold if verdict == 'TRAP' else self.warn:g}; e.g. {example!r}"
-                )
-                if verdict == "TRAP" and self.halt:
-                    control.should_training_stop = True
-                    message += "; stopping training (halt=True)"
-                logger.warning(message)
+            observation = None if batch is None else _echo_observation(batch)
+            decision = synced_step(self.guard, observation, can_rollback=False, sync=self._sync)
+            if decision is not None:
+                self._report(decision, batch, control)
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_step_end", error, int(state.global_step))
+
+    def _report(self, decision: Decision, batch: Batch | None, control: TrainerControl) -> None:
+        rate = decision.raw["repetition.rate"]
+        verdict = {"OK": "OK", "WARN": "WARN", "HACK": "TRAP"}[decision.verdict]
+        self.last = (decision.step, round(rate, 6), verdict)
+        self._worst = _worse(self._worst, _ECHO_CODES[verdict])
+        if verdict == "OK":
+            return
+        example = "" if batch is None else f"; e.g. {max(batch.completions or (), key=len)[:80]!r}"
+        band = self.threshold if verdict == "TRAP" else self.warn
+        message = (
+            f"loopguard echo {verdict} at step {decision.step}: mean {self.n}-gram repetition "
+            f"{round(rate, 6):.3f} >= {band:g}{example}"
+        )
+        if decision.action == "stop":
+            control.should_training_stop = True
+            message += "; stopping training (halt=True)"
+        logger.warning(message)
 
     def _log_metrics(self) -> dict[str, float]:
         """``loopguard/echo/*`` for this log: the latest rate, the worst verdict since the last log."""
@@ -1038,6 +1051,16 @@ class EchoTrapCallback(_Observer):
             metrics["loopguard/echo/verdict"] = self._worst or 0.0
         self._worst = None
         return metrics
+
+
+def _echo_observation(batch: Batch) -> Observation:
+    """The echo Guard's view of a batch: its rewards, texts and (when known) token ids."""
+    return Observation(
+        batch.step,
+        list(batch.rewards),
+        completions=list(batch.completions or ()),
+        completion_ids=None if batch.completion_ids is None else [list(row) for row in batch.completion_ids],
+    )
 
 
 # -------------------------------------------------------------------------------------------- checkpoints
@@ -1111,7 +1134,7 @@ class RLCheckpointCallback(_Bound):
             same = current is not None and str(current.directory) == folder
             manager = current if same else open_manager(folder, keep_last=self.keep_last)
         if self._store is None or self._store.manager is not manager:
-            self._store = RollbackStore(manager, self.save_every_steps, confirm=True)
+            self._store = RollbackStore(manager, self.save_every_steps, guard=None)
         _start_store(self._store, run, state)
         return self._store
 
@@ -1132,7 +1155,7 @@ class RLCheckpointCallback(_Bound):
         _, resume = find_trainer(self)
         self._run = resolve_run(trainer, args, state, resume, self._sync)
         store = self._store_for(args, state, self._run)
-        store.confirm = self._mitigator is not None
+        store.guard = None if self._mitigator is None else self._mitigator.guard
         self._ready = True
 
     def on_save(
@@ -1154,13 +1177,9 @@ class RLCheckpointCallback(_Bound):
             return
         try:
             mitigator = self._mitigator
-            healthy = True
-            if mitigator is not None:
-                decision = mitigator.last_decision
-                healthy = decision is None or (decision.verdict == "OK" and not mitigator.guard.stopped)
             extra = None if mitigator is None else mitigator.state_dict
-            self._store.save(self._trainer, args, state, healthy, extra)
+            main = bool(state.is_world_process_zero)
+            parts = _parts(self._trainer, args)
+            self._store.save(int(state.global_step), parts, main=main, extra_state=extra)
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_step_end", error, int(state.global_step))
-
-

@@ -7,10 +7,12 @@ the trainer callbacks do. Two pieces cover it:
   setter, restore the newest good checkpoint saved before the hack's onset through a
   :class:`~loopguard.checkpoint.CheckpointManager` on a rollback (on every rank, behind barriers, when
   ``torch.distributed`` is initialised), and report a stop flag the loop obeys.
-* :class:`LoopGuard` -- a Guard plus that bookkeeping: it tracks the hack's onset, asks the manager whether
-  a rollback is possible, keeps every rank's decision identical (see
-  :mod:`loopguard.adapters._distributed`), and applies the decision. Saving checkpoints stays in the loop
-  (:meth:`LoopGuard.healthy` says when a save is safe).
+* :class:`LoopGuard` -- a Guard bound to the loop's setter and checkpoint store: it asks the store whether a
+  rollback is possible, keeps every rank's decision identical (see :mod:`loopguard.adapters.distributed`),
+  applies the decision and, with ``checkpoint_every``, saves rollback checkpoints that the Guard confirms good
+  after a healthy window: the same store and the same guarantees as a TRL run
+  (:mod:`loopguard.adapters._rollback`). Every decision (the onset, when a save is safe, which checkpoint is
+  good, what to restore) is the Guard's; this module only carries it out.
 
 Example:
     >>> from loopguard import Guard, Observation
@@ -29,7 +31,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from loopguard._saved_state import decode_rollbacks, open_state
+from loopguard._validation import check_bool, check_int
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
+from loopguard.adapters._rollback import Parts, RollbackStore, restore_good
+from loopguard.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from loopguard.guard import Decision, Guard, Observation
@@ -37,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = ["Applied", "LoopGuard", "apply_decision"]
 
 _STATE_KIND = "loopguard.LoopGuard"
-_STATE_KEYS = ("kind", "version", "guard", "onset", "rollbacks")
+_STATE_VERSION = 2
+_STATE_KEYS = ("kind", "version", "guard", "rollbacks")
+_STATE_KEYS_V1 = ("kind", "version", "guard", "onset", "rollbacks")  # the onset now lives in the Guard
 
 
 @attrs.frozen
@@ -67,6 +74,7 @@ def apply_decision(
     model: Any = None,
     optimizer: Any = None,
     scheduler: Any = None,
+    ref_model: Any = None,
     before_step: int | None = None,
     sync: RankSync | None = None,
 ) -> Applied:
@@ -80,8 +88,9 @@ def apply_decision(
         model: Receives the restored weights on a rollback.
         optimizer: Receives the restored optimizer state, if given.
         scheduler: Receives the restored scheduler state, if given.
-        before_step: The hack's onset: the checkpoint restored is the newest good one saved strictly before
-            it (default: ``decision.step``).
+        ref_model: Receives the restored reference model, if it drifts with the policy and was saved.
+        before_step: The checkpoint restored is the newest good one saved strictly before it (default: the
+            Guard's ``decision.restore_before``, the hack's onset).
         sync: Rank synchronisation (default: a :class:`RankSync`, which does nothing in a single process).
             Newer checkpoints are discarded by rank 0 only.
 
@@ -89,7 +98,7 @@ def apply_decision(
         An :class:`Applied`; the loop stops when ``stop`` is True.
 
     Raises:
-        ValueError: a rollback without ``checkpoint`` and ``model``.
+        ConfigError: a rollback without ``checkpoint`` and ``model``.
 
     Example:
         >>> from loopguard import Guard, Observation
@@ -105,44 +114,49 @@ def apply_decision(
     restored = None
     if decision.action == "rollback":
         if checkpoint is None or model is None:
-            msg = "a rollback needs `checkpoint` (a CheckpointManager) and `model`."
-            raise ValueError(msg)
-        before = decision.step if before_step is None else before_step
+            msg = (
+                "a rollback needs `checkpoint` (a CheckpointManager) and `model`, got "
+                f"checkpoint={checkpoint!r} and model={'None' if model is None else type(model).__name__}."
+            )
+            raise ConfigError(msg)
+        before = before_step if before_step is not None else _restore_before(decision)
+        parts = Parts(model, optimizer, scheduler, ref_model)
         restored = synced_restore(
             sync,
-            lambda discard: int(
-                checkpoint.restore(
-                    "last_good",
-                    model,
-                    optimizer,
-                    scheduler,
-                    rng=False,
-                    before_step=before,
-                    discard_newer=discard,
-                ).step
-            ),
+            lambda discard: restore_good(checkpoint, parts, before_step=before, discard_newer=discard),
             main=sync.is_main,
         )
     return Applied(decision.action, beta, restored, decision.action == "stop", decision)
+
+
+def _restore_before(decision: Decision) -> int:
+    return decision.restore_before if decision.restore_before is not None else decision.step
 
 
 class LoopGuard:
     """A :class:`~loopguard.guard.Guard` for a hand-written loop: decide (the same on every rank) and apply.
 
     Args:
-        guard: The Guard (its ladder decides rollbacks and stops).
+        guard: The Guard (its ladder decides rollbacks and stops; it keeps the checkpoint ledger).
         set_beta: Writes the KL coefficient the loop uses.
-        checkpoint: A :class:`~loopguard.checkpoint.CheckpointManager` holding the loop's good checkpoints
-            (needed for rollbacks).
+        checkpoint: A :class:`~loopguard.checkpoint.CheckpointManager` holding the loop's checkpoints (needed
+            for rollbacks).
+        checkpoint_every: Save a rollback checkpoint every this many steps from :meth:`step` (given
+            ``model=``), only while the Guard says the run is healthy, and mark it good once the Guard
+            confirms it (the next save boundary after a window of OK verdicts). None (default): the loop
+            saves on its own (:meth:`healthy` says when a save is safe; then call
+            ``guard.checkpoint_saved(step)`` and mark ``guard.confirm_checkpoint()`` good at the next save).
         restore_on_stop: On a stop, also restore the newest good checkpoint saved before the hack's onset
             (when one exists on every rank and ``model`` is given), so the loop ends with healthy weights.
         sync: Rank synchronisation (default: :class:`RankSync` over the default process group; nothing
             happens in a single process).
 
     Attributes:
-        onset: The step of the first non-OK verdict of the current episode (None when healthy).
         rollbacks: ``{"step", "restored_step"}`` for each rollback.
         last_decision: The latest decision.
+
+    Raises:
+        ConfigError, LoopguardTypeError: ``checkpoint_every`` not an integer >= 1, or without ``checkpoint``.
     """
 
     def __init__(
@@ -151,23 +165,34 @@ class LoopGuard:
         *,
         set_beta: Callable[[float], Any] | None = None,
         checkpoint: Any = None,
+        checkpoint_every: int | None = None,
         restore_on_stop: bool = True,
         sync: RankSync | None = None,
     ) -> None:
         """Wrap ``guard``."""
         self.guard = guard
-        self.restore_on_stop = bool(restore_on_stop)
+        self.restore_on_stop = check_bool("restore_on_stop", restore_on_stop)
         self.set_beta = set_beta
         self.checkpoint = checkpoint
         self.sync = RankSync() if sync is None else sync
-        self.onset: int | None = None
+        self._store: RollbackStore | None = None
+        if checkpoint_every is not None:
+            every = check_int("checkpoint_every", checkpoint_every, lo=1)
+            if checkpoint is None:
+                msg = f"`checkpoint` must be a CheckpointManager when checkpoint_every={every}, got None."
+                raise ConfigError(msg)
+            self._store = RollbackStore(checkpoint, every, guard=guard)
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
 
+    @property
+    def onset(self) -> int | None:
+        """The step of the first non-OK verdict of the current episode (None when healthy): the Guard's."""
+        return self.guard.onset
+
     def healthy(self) -> bool:
         """Whether the latest verdict was OK and training was not stopped (a checkpoint saved now is safe)."""
-        decision = self.last_decision
-        return not self.guard.stopped and (decision is None or decision.verdict == "OK")
+        return self.guard.healthy
 
     def step(
         self,
@@ -176,79 +201,91 @@ class LoopGuard:
         model: Any = None,
         optimizer: Any = None,
         scheduler: Any = None,
+        ref_model: Any = None,
         step: int | None = None,
     ) -> Applied:
         """Observe (None: this rank has nothing this step), decide on every rank alike, apply the decision.
 
-        ``step`` (default: the observation's) is the current step, used as the onset of a new episode when
-        asking whether a rollback is possible; call this on every rank at every step.
+        ``step`` (default: the observation's) is the current step: where a new episode would begin when
+        asking whether a rollback is possible, and the step a checkpoint is saved as. Call this on every
+        rank at every step, after the optimizer step; ``model`` (and the optimizer, scheduler and a drifting
+        reference model) receive a restore and are saved at ``checkpoint_every``.
         """
         now = step if step is not None else (observation.step if observation is not None else 0)
-        onset = self.onset if self.onset is not None else now
-        can_rollback = (
-            self.checkpoint is not None and self.checkpoint.last_good(before_step=onset) is not None
-        )
+        target = self.guard.rollback_target(now)
+        manager = self.checkpoint
+        can_rollback = manager is not None and manager.last_good(before_step=target) is not None
         decision = synced_step(self.guard, observation, can_rollback=can_rollback, sync=self.sync)
-        if decision is None:
-            return Applied("none", None, None, False, None)
-        if decision.verdict == "OK":
-            self.onset = None
-        elif self.onset is None:
-            self.onset = decision.step
+        parts = None if model is None else Parts(model, optimizer, scheduler, ref_model)
+        applied = Applied("none", None, None, False, None)
+        if decision is not None:
+            applied = self._apply(decision, parts)
+        if self._store is not None and parts is not None:
+            self._store.save(int(now), parts, main=self.sync.is_main, extra_state=self.state_dict)
+        return applied
+
+    def _apply(self, decision: Decision, parts: Parts | None) -> Applied:
         applied = apply_decision(
             decision,
             set_beta=self.set_beta,
             checkpoint=self.checkpoint,
-            model=model,
-            optimizer=optimizer,
-            scheduler=scheduler,
-            before_step=self.onset,
+            model=None if parts is None else parts.model,
+            optimizer=None if parts is None else parts.optimizer,
+            scheduler=None if parts is None else parts.scheduler,
+            ref_model=None if parts is None else parts.ref_model,
             sync=self.sync,
         )
-        if applied.stop and self.restore_on_stop and self.checkpoint is not None and model is not None:
-            before = self.onset if self.onset is not None else decision.step
-            # the same answer on every rank (one collective when distributed), then the same restore
-            if self.sync.all(self.checkpoint.last_good(before_step=before) is not None):
-                restored = apply_decision(
-                    attrs.evolve(decision, action="rollback"),
-                    checkpoint=self.checkpoint,
-                    model=model,
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    before_step=before,
-                    sync=self.sync,
-                ).rolled_back_to
-                applied = attrs.evolve(applied, rolled_back_to=restored)
-            self.last_decision = decision
-            return applied
-        if applied.rolled_back_to is not None:
-            self.rollbacks.append({"step": int(decision.step), "restored_step": applied.rolled_back_to})
-            self.onset = None
         self.last_decision = decision
+        if applied.stop:
+            if self.restore_on_stop and self.checkpoint is not None and parts is not None:
+                applied = attrs.evolve(applied, rolled_back_to=self._restore_at_stop(decision, parts))
+        elif applied.rolled_back_to is not None:
+            self.rollbacks.append({"step": int(decision.step), "restored_step": applied.rolled_back_to})
         return applied
 
+    def _restore_at_stop(self, decision: Decision, parts: Parts) -> int | None:
+        before = _restore_before(decision)
+        # the same answer on every rank (one collective when distributed), then the same restore
+        if not self.sync.all(self.checkpoint.last_good(before_step=before) is not None):
+            return None
+        return synced_restore(
+            self.sync,
+            lambda discard: restore_good(self.checkpoint, parts, before_step=before, discard_newer=discard),
+            main=self.sync.is_main,
+        )
+
     def state_dict(self) -> dict[str, Any]:
-        """The Guard's state, the onset and the rollbacks, as plain JSON."""
+        """The Guard's state and the rollbacks, as plain JSON."""
         return {
             "kind": _STATE_KIND,
-            "version": 1,
+            "version": _STATE_VERSION,
             "guard": self.guard.state_dict(),
-            "onset": self.onset,
             "rollbacks": [dict(entry) for entry in self.rollbacks],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` output (and write the Guard's beta through the setter): all or nothing.
 
+        A version-1 state (which kept the hack's onset here, not in the Guard) still loads.
+
         Raises:
-            StateError: not a LoopGuard state of this version, unknown or missing keys, a bad value, or a
-                Guard state that does not fit this Guard. Nothing is changed then.
+            StateError: not a LoopGuard state of a readable version, unknown or missing keys, a bad value, or
+                a Guard state that does not fit this Guard. Nothing is changed then.
         """
-        fields = open_state(state, kind=_STATE_KIND, version=1, keys=_STATE_KEYS, owner="LoopGuard")
+        version = state.get("version") if isinstance(state, Mapping) else None
+        old = version == 1 and not isinstance(version, bool)
+        fields = open_state(
+            state,
+            kind=_STATE_KIND,
+            version=1 if old else _STATE_VERSION,
+            keys=_STATE_KEYS_V1 if old else _STATE_KEYS,
+            owner="LoopGuard",
+        )
         guard = self.guard.decode_state(fields.raw("guard"))
-        onset = fields.integer("onset", lo=0, optional=True)
+        if old:
+            guard.episode.onset = fields.integer("onset", lo=0, optional=True)
         rollbacks = decode_rollbacks(fields)
         self.guard.load_state_dict(guard)
-        self.onset, self.rollbacks = onset, rollbacks
+        self.rollbacks = rollbacks
         if self.set_beta is not None and self.guard.beta is not None and self.guard.mode != "log_only":
             self.set_beta(float(self.guard.beta))
