@@ -5,7 +5,8 @@ Those engines hold a KL-controller object (Ziegler et al.'s ``AdaptiveKLControll
 once per step. :class:`GuardedKLController` has the same two members, so swapping that one object hands the
 coefficient to loopguard; ``observe(...)`` feeds it what the step produced (rewards, completions, ...), and
 the Guard's decision sets ``value``. Rollbacks and stops are the engine's to carry out: the controller
-reports them (``rollback_requested``, ``should_stop``) and never touches the model.
+reports them (``rollback_requested``, ``should_stop``, and ``restore_before``: the Guard's restore target)
+and never touches the model.
 
 verl (``ray_trainer.py`` keeps ``self.kl_ctrl_in_reward``)::
 
@@ -116,6 +117,14 @@ class GuardedKLController:
     def rollback_requested(self) -> bool:
         """Whether the latest decision asks the engine to restore its last good checkpoint."""
         return self.last_decision is not None and self.last_decision.action == "rollback"
+
+    @property
+    def restore_before(self) -> int | None:
+        """On a requested rollback or a stop: restore the newest good checkpoint saved before this step.
+
+        The Guard's ``Decision.restore_before`` (the hack's onset); None for other decisions.
+        """
+        return None if self.last_decision is None else self.last_decision.restore_before
 
     def update(self, current_kl: float, n_steps: int) -> None:
         """The engines' per-step call: record the measured KL (``value`` changes only through the Guard)."""

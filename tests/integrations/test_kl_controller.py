@@ -55,17 +55,25 @@ def test_drives_an_engine_loop_raises_beta_then_asks_to_roll_back_and_stop():
     controller = GuardedKLController(
         Guard(mode="kl_control", warmup_steps=3, ladder=ladder), init_kl_coef=0.05
     )
-    betas, rollbacks = [], []
+    betas, rollbacks, targets = [], [], []
     for step in range(20):
         rewards, fields = healthy(step) if step < 6 else hacked(step)
         _, beta = apply_kl_penalty(rewards, [0.01 * step] * 16, controller)
         betas.append(beta)
         controller.observe(rewards, step=step, can_rollback=True, **fields)
         rollbacks.append(controller.rollback_requested)
+        targets.append(controller.restore_before)
         if controller.should_stop:
             break
     assert controller.should_stop
     assert any(rollbacks)
+    first_bad = 6  # the hack starts at step 6; the Guard's restore target is its onset, not the rollback step
+    rollback_step = rollbacks.index(True)
+    assert rollback_step > first_bad
+    assert first_bad <= targets[rollback_step] < rollback_step
+    assert all(
+        target is None for target, asked in zip(targets[:rollback_step], rollbacks, strict=False) if not asked
+    )
     assert betas[:6] == [0.05] * 6
     assert max(betas) > 0.05
     assert controller.value >= max(betas)
