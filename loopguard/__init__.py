@@ -5,11 +5,13 @@ The package is layered in one direction of flow:
 * :mod:`loopguard.signals` -- pure numpy kernels that score a batch of RL training data;
 * the Guard and controllers -- turn scores into decisions (raise the KL coefficient, roll back, stop);
 * adapters -- read what a trainer already computed and apply the decision: ``RewardHackMitigator``,
-  ``EchoTrapCallback`` and ``RLCheckpointCallback`` for Hugging Face / TRL trainers, :func:`tap` for reward
-  functions of trainers that keep no per-completion rewards.
+  ``EchoTrapCallback`` and ``RLCheckpointCallback`` for Hugging Face / TRL trainers, :class:`LoopGuard` and
+  :func:`apply_decision` for hand-written PyTorch and Accelerate loops (``docs/loops.md``), :func:`tap` for
+  reward functions of trainers that keep no per-completion rewards.
 
-``import loopguard`` imports neither torch nor transformers; the adapters that need them load lazily
-(PEP 562), on first access to ``loopguard.RewardHackMitigator`` and friends.
+``import loopguard`` imports neither torch, transformers, scipy.stats nor scikit-learn (kernels import scipy
+and scikit-learn where they use them); the adapters load lazily (PEP 562), on first access to
+``loopguard.RewardHackMitigator``, ``loopguard.LoopGuard`` and friends, and so does ``__version__``.
 
 Example:
     >>> import loopguard
@@ -20,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from loopguard import signals
@@ -52,16 +53,15 @@ from loopguard.shaping import shape_reward
 
 if TYPE_CHECKING:
     from loopguard.adapters.hf_trainer import EchoTrapCallback, RewardHackMitigator, RLCheckpointCallback
+    from loopguard.adapters.loop import Applied, LoopGuard, apply_decision
     from loopguard.checkpoint import CheckpointManager
     from loopguard.recipes import IterativeDPO
 
-try:
-    __version__ = version("loopguard")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+unknown"
+__version__: str  # read from the installed metadata on first access (importlib.metadata costs ~10 ms)
 
 __all__ = [
     "AdaptiveKL",
+    "Applied",
     "BangBang",
     "CheckpointError",
     "CheckpointManager",
@@ -78,6 +78,7 @@ __all__ = [
     "InputError",
     "IterativeDPO",
     "Length",
+    "LoopGuard",
     "LoopguardError",
     "LoopguardTypeError",
     "MissingDependencyError",
@@ -92,6 +93,7 @@ __all__ = [
     "RewardHackMitigator",
     "StateError",
     "__version__",
+    "apply_decision",
     "read_mitigation_log",
     "shape_reward",
     "signals",
@@ -99,16 +101,31 @@ __all__ = [
 ]
 
 _LAZY = {
+    "Applied": "loopguard.adapters.loop",
     "CheckpointManager": "loopguard.checkpoint",
     "EchoTrapCallback": "loopguard.adapters.hf_trainer",
     "IterativeDPO": "loopguard.recipes",
+    "LoopGuard": "loopguard.adapters.loop",
     "RLCheckpointCallback": "loopguard.adapters.hf_trainer",
     "RewardHackMitigator": "loopguard.adapters.hf_trainer",
+    "apply_decision": "loopguard.adapters.loop",
 }
 
 
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("loopguard")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str) -> Any:
-    """Load the torch-backed names on first use (PEP 562): ``import loopguard`` stays free of torch."""
+    """Load the adapters and ``__version__`` on first use (PEP 562): ``import loopguard`` stays light."""
+    if name == "__version__":
+        globals()["__version__"] = value = _installed_version()
+        return value
     if name in _LAZY:
         import importlib
 

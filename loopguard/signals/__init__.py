@@ -1,8 +1,10 @@
 """Stateless signal kernels: score one batch of RL training data for reward hacking and degeneration.
 
 Every function here is pure (no state, no I/O, no logging), takes array-likes (lists, numpy arrays, torch
-tensors on any device) and returns a float or a numpy array. Only numpy, scipy and scikit-learn are used;
-torch is never imported. Formulas, what each signal catches and what it misses: ``docs/signals.md``.
+tensors on any device) and returns a float or a numpy array. Only numpy, scipy and scikit-learn are used,
+scipy and scikit-learn imported inside the kernels that need them (``import loopguard.signals`` loads
+neither); torch is never imported. Formulas, what each signal catches and what it misses:
+``docs/signals.md``.
 """
 
 from __future__ import annotations

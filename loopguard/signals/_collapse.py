@@ -268,9 +268,9 @@ def entropy_trend(mean_entropies: object, *, method: TrendMethod = "ols") -> flo
         Entropy units per step.
 
     Raises:
-        LoopguardTypeError: non-numbers or booleans, or a non-string ``method``.
-        ConfigError: ``method`` is not one of the allowed names.
-        InputError: not 1-D, fewer than 2 points, over the cap, NaN/Inf or negative values.
+        LoopguardTypeError, ConfigError, InputError: as :func:`~loopguard.signals.length_trend`, whose series
+            checks this shares (the same kernel): non-numbers or booleans, an unknown ``method``, a series
+            not 1-D, shorter than 2 points, over the cap, NaN/Inf or negative.
 
     Example:
         >>> entropy_trend([1.2, 1.1, 0.9, 0.6])

@@ -5,7 +5,8 @@ Three building blocks a Guard composes:
 * :func:`relative_drop` and :func:`classify_drop` keep the relative-drop convention of loopguard's
   predecessor (soup-cli): ``drop = max(0, (baseline - value) / |baseline|)`` with OK / WARN / HACK bands at
   0.10 and 0.30.
-* :func:`robust_baseline` summarises a warm-up window (median and median absolute deviation) into a
+* :func:`robust_baseline` summarises a warm-up window (median and median absolute deviation, the latter
+  from :func:`scipy.stats.median_abs_deviation`, bit-for-bit the plain formula) into a
   :class:`RobustBaseline`. The predecessor compared against ONE batch (the first step), which is noise: on
   healthy i.i.d. Gaussian rewards it classed 17.5 % of steps HACK at 8 rewards per step. Take the baseline
   over many steps instead, and smooth the current value too (one batch mean is still noisy).
@@ -27,7 +28,6 @@ from typing import Any, Literal, overload
 import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy import stats
 
 from loopguard._validation import (
     MAX_SERIES_LENGTH,
@@ -383,10 +383,12 @@ def robust_baseline(values: ArrayLike, *, min_count: int = 3) -> RobustBaseline:
             f"got {array.size}."
         )
         raise InputError(msg)
+    from scipy.stats import median_abs_deviation
+
     median = float(robust_median(array))  # np.median's middle-pair mean overflows for values near 1e308
     with np.errstate(over="ignore", invalid="ignore"):
-        mad = float(robust_median(np.abs(array - median)))
-        if not math.isfinite(mad):  # a deviation overflowed: halved deviations cannot
+        mad = float(median_abs_deviation(array, center=lambda values, axis: np.float64(median)))
+        if not math.isfinite(mad):  # a deviation or the middle-pair mean overflowed: halved ones cannot
             mad = float(robust_median(np.abs(array / 2.0 - median / 2.0))) * 2.0
     if not (math.isfinite(median) and math.isfinite(mad)):
         msg = "`values` overflowed float64 while computing the median absolute deviation (rescale them)."
@@ -487,12 +489,13 @@ def reward_drift(
     chosen = check_choice("method", method, _DRIFT_METHODS)
     if check_bool("standardize", standardize) and chosen == "ks":
         msg = (
-            "`standardize` must be False with method='ks' (the KS statistic is already scale-free), "
-            "got True."
+            "`standardize` must be False with method='ks' (the KS statistic is already scale-free), got True."
         )
         raise ConfigError(msg)
     now = as_float_array("current", current, max_len=MAX_TRAJECTORIES)
     ref = as_float_array("reference", reference, max_len=MAX_TRAJECTORIES)
+    from scipy import stats  # imported where used: `import loopguard` stays light
+
     if chosen == "ks":
         # only the statistic is used; the p-value's internals may divide by zero on tiny samples
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):

@@ -14,6 +14,13 @@ data, they tend to be fooled the same way (Eisenstein et al. 2023), and neither 
 conservative aggregates see it.
 
 DoS caps: at most ``MAX_ENSEMBLE_MEMBERS`` (32) members and ``MAX_TRAJECTORIES`` (100,000) samples.
+
+References (cited by short name in the functions below):
+    Coste, T., Anwar, U., Kirk, R., Krueger, D. (2023). Reward Model Ensembles Help Mitigate
+    Overoptimization. arXiv:2310.02743.
+
+    Eisenstein, J., Nagpal, C., Agarwal, A., et al. (2023). Helping or Herding? Reward Model Ensembles
+    Mitigate but do not Eliminate Reward Hacking. arXiv:2312.09244.
 """
 
 from __future__ import annotations
@@ -68,16 +75,10 @@ def _as_scores(scores: object) -> NDArray[np.float64]:
         raise InputError(msg)
     members, samples = array.shape
     if members > MAX_ENSEMBLE_MEMBERS:
-        msg = (
-            f"`scores` must have at most {MAX_ENSEMBLE_MEMBERS} members (rows; DoS cap), "
-            f"got {members:,}."
-        )
+        msg = f"`scores` must have at most {MAX_ENSEMBLE_MEMBERS} members (rows; DoS cap), got {members:,}."
         raise InputError(msg)
     if samples > MAX_TRAJECTORIES:
-        msg = (
-            f"`scores` must have at most {MAX_TRAJECTORIES:,} samples (columns; DoS cap), "
-            f"got {samples:,}."
-        )
+        msg = f"`scores` must have at most {MAX_TRAJECTORIES:,} samples (columns; DoS cap), got {samples:,}."
         raise InputError(msg)
     return as_float_array("scores", array, ndim=2, max_len=None)
 
@@ -134,8 +135,7 @@ def _check_unbiased(unbiased: object, members: int) -> int:
     """Return the ``ddof`` for ``unbiased``; the unbiased estimator needs two members."""
     if check_bool("unbiased", unbiased) and members < 2:
         msg = (
-            f"`unbiased` must be False when `scores` has one member "
-            f"(K - 1 = 0), got True with K = {members}."
+            f"`unbiased` must be False when `scores` has one member (K - 1 = 0), got True with K = {members}."
         )
         raise ConfigError(msg)
     return 1 if unbiased else 0
@@ -215,11 +215,8 @@ def ensemble_disagreement(
         array([1.414..., 0. , 0. ])
 
     References:
-        Coste, T., Anwar, U., Kirk, R., Krueger, D. (2023). Reward Model Ensembles Help Mitigate
-        Overoptimization. arXiv:2310.02743.
-
-        Eisenstein, J., Nagpal, C., Agarwal, A., et al. (2023). Helping or Herding? Reward Model Ensembles
-        Mitigate but do not Eliminate Reward Hacking. arXiv:2312.09244.
+        Coste et al. (2023), arXiv:2310.02743 (disagreement as the over-optimisation symptom); Eisenstein et
+        al. (2023), arXiv:2312.09244 (hacks every member shares).
     """
     chosen_statistic = check_choice("statistic", statistic, _STATISTICS)
     chosen_reduce = check_choice("reduce", reduce, _REDUCTIONS)
@@ -299,11 +296,8 @@ def ensemble_reward(
         array([0., 2.])
 
     References:
-        Coste, T., Anwar, U., Kirk, R., Krueger, D. (2023). Reward Model Ensembles Help Mitigate
-        Overoptimization. arXiv:2310.02743.
-
-        Eisenstein, J., Nagpal, C., Agarwal, A., et al. (2023). Helping or Herding? Reward Model Ensembles
-        Mitigate but do not Eliminate Reward Hacking. arXiv:2312.09244.
+        Coste et al. (2023), arXiv:2310.02743 (mean, WCO, UWO); Eisenstein et al. (2023), arXiv:2312.09244
+        (mean, median, mean minus std).
     """
     chosen = check_choice("method", method, _METHODS)
     penalised = chosen in _DEFAULT_COEF

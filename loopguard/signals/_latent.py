@@ -19,28 +19,21 @@ that space; neither looks at scalar rewards.
 from __future__ import annotations
 
 import math
-from typing import Literal, get_args
+from collections.abc import Callable
+from typing import Literal, NamedTuple, get_args
 
 import numpy as np
-import scipy.linalg
 from numpy.typing import NDArray
-from scipy.stats import chi2
-from sklearn.cluster import DBSCAN
-from sklearn.covariance import OAS, EmpiricalCovariance, LedoitWolf
-from sklearn.decomposition import PCA
-from sklearn.metrics import pairwise_distances_argmin
 
-from loopguard._validation import (
-    MAX_EMBEDDING_DIM,
-    MAX_TRAJECTORIES,
-    as_float_array,
-    check_bool,
-    check_choice,
-    check_int,
-    check_real,
-)
+from loopguard._validation import check_bool, check_choice, check_int, check_real
 from loopguard.exceptions import InputError
-from loopguard.signals._numeric import pow2_exponent
+from loopguard.signals._embeddings import (
+    as_embedding_pair,
+    reject_zero_rows,
+    to_reference_scale,
+    to_safe_range,
+    unit_rows,
+)
 
 __all__ = [
     "CovarianceShrinkage",
@@ -60,82 +53,8 @@ _CSI_METRICS: tuple[str, ...] = get_args(LatentMetric)
 _SHRINKAGES: tuple[str, ...] = get_args(CovarianceShrinkage)
 
 
-def _as_embeddings(name: str, value: object) -> NDArray[np.float64]:
-    """Validate one ``[rows, dim]`` batch of finite embeddings within the DoS caps."""
-    array = as_float_array(name, value, ndim=2, max_len=MAX_TRAJECTORIES)
-    if array.shape[1] > MAX_EMBEDDING_DIM:
-        msg = f"`{name}` must have at most {MAX_EMBEDDING_DIM:,} columns (DoS cap), got {array.shape[1]:,}."
-        raise InputError(msg)
-    return array
-
-
-def _as_embedding_pair(
-    policy_emb: object, reference_emb: object
-) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """Validate the policy and reference batches and check that they share the embedding dimension."""
-    policy = _as_embeddings("policy_emb", policy_emb)
-    reference = _as_embeddings("reference_emb", reference_emb)
-    if policy.shape[1] != reference.shape[1]:
-        msg = (
-            "`policy_emb` and `reference_emb` must have the same embedding dimension, "
-            f"got {policy.shape[1]} and {reference.shape[1]}."
-        )
-        raise InputError(msg)
-    return policy, reference
-
-
-def _reject_zero_rows(name: str, array: NDArray[np.float64]) -> None:
-    """Cosine distance is undefined for a zero vector: refuse such rows with their index."""
-    zero = ~np.any(array != 0.0, axis=1)
-    if zero.any():
-        row = int(np.argmax(zero))
-        msg = (
-            f"`{name}` must not contain all-zero rows when `metric` is 'cosine' "
-            f"(cosine distance is undefined for a zero vector), got one at row {row}."
-        )
-        raise InputError(msg)
-
-
-_SAFE_RANGE = (2.0**-200, 2.0**200)
-"""Largest magnitudes for which distances, squares and covariance estimates of embeddings (Ledoit-Wolf uses
-fourth powers) cannot overflow or underflow to nothing: ``2**800`` times 65,536 dimensions times 100,000
-rows is still far below 1.8e308. Data inside it is used as given, so the results are exactly those of the
-plain formulas; data outside it is rescaled by a power of two (and translated where distances allow)."""
-
 _SMALLEST_EPS = float(np.nextafter(0.0, 1.0))
 _LARGEST_EPS = 1e12  # far beyond any distance between rows of magnitude < 4 in <= 65,536 dimensions
-
-
-def _outside_safe_range(*arrays: NDArray[np.float64]) -> bool:
-    largest = max(float(np.max(np.abs(array))) for array in arrays)
-    return largest != 0.0 and not _SAFE_RANGE[0] <= largest <= _SAFE_RANGE[1]
-
-
-def _to_safe_range(
-    policy: NDArray[np.float64], reference: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
-    """Bring both batches into :data:`_SAFE_RANGE` when they are outside it; distances become ``d / 2**e``.
-
-    Returns the batches unchanged with ``e = 0`` when they are inside it.
-
-    Translation to the middle of the joint bounding box cannot overflow (``min/2 + max/2``) and keeps
-    small differences between huge coordinates; the power-of-two scaling is exact.
-    """
-    if not _outside_safe_range(policy, reference):
-        return policy, reference, 0
-    low = np.minimum(policy.min(axis=0), reference.min(axis=0))
-    high = np.maximum(policy.max(axis=0), reference.max(axis=0))
-    center = low / 2.0 + high / 2.0
-    policy = policy - center  # |x - center| <= (high - low) / 2 <= 1.8e308
-    reference = reference - center
-    exponent = pow2_exponent(max(float(np.max(np.abs(policy))), float(np.max(np.abs(reference)))))
-    return np.ldexp(policy, -exponent), np.ldexp(reference, -exponent), exponent
-
-
-def _rows_to_unit_scale(array: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Divide each row by a power of two near its largest magnitude (exact; a zero row stays zero)."""
-    exponents = np.frexp(np.max(np.abs(array), axis=1))[1]
-    return np.asarray(np.ldexp(array, -exponents[:, None]), dtype=np.float64)
 
 
 def _paired_distances(a: NDArray[np.float64], b: NDArray[np.float64], metric: str) -> NDArray[np.float64]:
@@ -241,70 +160,111 @@ def cluster_separation_index(
         Ester, M., Kriegel, H.-P., Sander, J., and Xu, X. (1996). A Density-Based Algorithm for Discovering
         Clusters in Large Spatial Databases with Noise. KDD 1996.
     """
-    policy, reference = _as_embedding_pair(policy_emb, reference_emb)
+    policy, reference = as_embedding_pair(policy_emb, reference_emb)
     eps_value = check_real("eps", eps, lo=0.0, lo_inclusive=False)
     min_samples_value = check_int("min_samples", min_samples, lo=1)
     metric_name = check_choice("metric", metric, _CSI_METRICS)
     include_noise_flag = check_bool("include_noise", include_noise)
     normalize_flag = check_bool("normalize", normalize)
-    exponent = 0
-    if metric_name == "cosine":
-        _reject_zero_rows("policy_emb", policy)
-        _reject_zero_rows("reference_emb", reference)
-        # cosine ignores each row's length: cluster rows scaled to a magnitude in [0.5, 1) (exact), so no
-        # norm can overflow or underflow; the distances are unchanged. Centroids use the rows as given.
-        clustered, reference = _rows_to_unit_scale(policy), _rows_to_unit_scale(reference)
-    else:
-        policy, reference, exponent = _to_safe_range(policy, reference)
-        clustered = policy
-        if exponent:  # distances shrink by 2**exponent: so does eps (clamped to what float64 can hold)
-            with np.errstate(over="ignore", under="ignore"):
-                eps_value = float(np.ldexp(eps_value, -exponent))
-            eps_value = min(max(eps_value, _SMALLEST_EPS), _LARGEST_EPS)
+    space = _clustering_space(policy, reference, metric_name, eps_value)
+    labels = _cluster_labels(space, min_samples_value, include_noise=include_noise_flag)
+    in_cluster = labels >= 0
+    if not in_cluster.any():
+        return 0.0
+    counts, centroids = _cluster_centroids(space.members[in_cluster], labels[in_cluster], metric_name)
+    from sklearn.metrics import pairwise_distances_argmin
 
-    labels = DBSCAN(eps=eps_value, min_samples=min_samples_value, metric=metric_name).fit_predict(clustered)
-    labels = np.asarray(labels, dtype=np.int64)
+    # Nearest reference point per centroid (chunked, memory-bounded), then the exact distance to it.
+    nearest = pairwise_distances_argmin(centroids, space.reference, metric=metric_name)
+    distances = _paired_distances(centroids, space.reference[nearest], metric_name)
+    total = float(np.dot(counts.astype(np.float64), distances))
+    if normalize_flag:
+        total /= policy.shape[0]
+    return _csi_in_original_units(total, space.exponent)
+
+
+class _ClusteringSpace(NamedTuple):
+    """Where CSI clusters: the rows DBSCAN sees, the reference, and the eps and metric that go with them."""
+
+    members: NDArray[np.float64]  # the policy rows whose cluster means are the centroids
+    clustered: NDArray[np.float64]
+    reference: NDArray[np.float64]
+    eps: float
+    metric: str
+    exponent: int  # distances here are the original ones divided by 2**exponent
+
+
+def _clustering_space(
+    policy: NDArray[np.float64], reference: NDArray[np.float64], metric: str, eps: float
+) -> _ClusteringSpace:
+    """Rows to cluster and the reference to measure against, scaled so no distance overflows.
+
+    Cosine ignores each row's length: rows are scaled to a magnitude in [0.5, 1) (exact), so no norm can
+    overflow or underflow and the distances are unchanged (centroids use the rows as given). The other
+    metrics bring both batches into the safe range together; distances then shrink by ``2**exponent`` and
+    so does ``eps`` (clamped to what float64 can hold).
+    """
+    if metric == "cosine":
+        reject_zero_rows("policy_emb", policy)
+        reject_zero_rows("reference_emb", reference)
+        return _ClusteringSpace(policy, unit_rows(policy)[0], unit_rows(reference)[0], eps, metric, 0)
+    policy, reference, exponent = to_safe_range(policy, reference)
+    if exponent:
+        with np.errstate(over="ignore", under="ignore"):
+            eps = float(np.ldexp(eps, -exponent))
+        eps = min(max(eps, _SMALLEST_EPS), _LARGEST_EPS)
+    return _ClusteringSpace(policy, policy, reference, eps, metric, exponent)
+
+
+def _cluster_labels(space: _ClusteringSpace, min_samples: int, *, include_noise: bool) -> NDArray[np.int64]:
+    """DBSCAN labels of the clustered rows (``-1``: noise), or each noise point as its own cluster."""
+    from sklearn.cluster import DBSCAN
+
+    found = DBSCAN(eps=space.eps, min_samples=min_samples, metric=space.metric).fit_predict(space.clustered)
+    labels = np.asarray(found, dtype=np.int64)
     noise = labels < 0
-    if include_noise_flag and noise.any():
+    if include_noise and noise.any():
         # Every noise point becomes its own cluster, numbered after DBSCAN's clusters.
         labels = labels.copy()
         labels[noise] = labels.max(initial=-1) + 1 + np.arange(int(noise.sum()), dtype=np.int64)
-        noise = labels < 0
-    members = policy[~noise]
-    member_labels = labels[~noise]
-    if member_labels.size == 0:
-        return 0.0
+    return labels
 
-    # Cluster sums in one pass: sort members by label, then add up each contiguous run.
-    counts = np.bincount(member_labels)  # DBSCAN numbers clusters 0..n-1, none empty
-    order = np.argsort(member_labels, kind="stable")
+
+def _cluster_centroids(
+    members: NDArray[np.float64], labels: NDArray[np.int64], metric: str
+) -> tuple[NDArray[np.int64], NDArray[np.float64]]:
+    """``(sizes, centroids)`` of the clusters ``0..n-1`` (none empty), in one pass over the members.
+
+    The members are sorted by label and each contiguous run is added up. For cosine only the centroid's
+    direction matters: each cluster's rows are scaled by a power of two near the cluster's largest row
+    (exact), so the sum cannot overflow when rows are near 1e308.
+    """
+    counts = np.bincount(labels)
+    order = np.argsort(labels, kind="stable")
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     ordered = members[order]
-    if metric_name == "cosine":
-        # Only the centroid's direction matters: scale each cluster's rows by a power of two near the
-        # cluster's largest row (exact), so the sum cannot overflow when rows are near 1e308.
+    if metric == "cosine":
         row_exponents = np.frexp(np.max(np.abs(ordered), axis=1))[1]
         cluster_exponents = np.maximum.reduceat(row_exponents, starts)
         ordered = np.ldexp(ordered, -np.repeat(cluster_exponents, counts)[:, None])
     centroids = np.add.reduceat(ordered, starts, axis=0) / counts[:, None]
-    if metric_name == "cosine":
-        centroids = _rows_to_unit_scale(centroids)
+    if metric == "cosine":
+        centroids = unit_rows(centroids)[0]
+    return counts, centroids
 
-    # Nearest reference point per centroid (chunked, memory-bounded), then the exact distance to it.
-    nearest = pairwise_distances_argmin(centroids, reference, metric=metric_name)
-    distances = _paired_distances(centroids, reference[nearest], metric_name)
-    total = float(np.dot(counts.astype(np.float64), distances))
-    if normalize_flag:
-        total /= policy.shape[0]
-    if exponent:
-        with np.errstate(over="ignore"):
-            total = float(np.ldexp(total, exponent))
-        if not math.isfinite(total):
-            msg = (
-                "`policy_emb` and `reference_emb` must give a CSI representable in float64, got one beyond "
-                "~1.8e308 (the clusters sit that far from the reference; rescale the embeddings)."
-            )
-            raise InputError(msg)
+
+def _csi_in_original_units(total: float, exponent: int) -> float:
+    """Scale a CSI computed on rescaled rows back by ``2**exponent``, refusing a result beyond float64."""
+    if not exponent:
+        return total
+    with np.errstate(over="ignore"):
+        total = float(np.ldexp(total, exponent))
+    if not math.isfinite(total):
+        msg = (
+            "`policy_emb` and `reference_emb` must give a CSI representable in float64, got one beyond "
+            "~1.8e308 (the clusters sit that far from the reference; rescale the embeddings)."
+        )
+        raise InputError(msg)
     return total
 
 
@@ -312,7 +272,7 @@ def _validated_mahalanobis_inputs(
     policy_emb: object, reference_emb: object, shrinkage: object, n_components: object, ridge: object
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], str, int | None, float]:
     """Validate the arguments shared by the Mahalanobis functions."""
-    policy, reference = _as_embedding_pair(policy_emb, reference_emb)
+    policy, reference = as_embedding_pair(policy_emb, reference_emb)
     shrinkage_name = check_choice("shrinkage", shrinkage, _SHRINKAGES)
     ridge_value = check_real("ridge", ridge, lo=0.0)
     rows, dim = reference.shape
@@ -328,97 +288,94 @@ def _validated_mahalanobis_inputs(
     return policy, reference, shrinkage_name, components, ridge_value
 
 
-def _to_reference_scale(
-    policy: NDArray[np.float64], reference: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64] | None, int]:
-    """Bring the reference into :data:`_SAFE_RANGE` (translate to its centre, divide by ``2**e``).
+class _FarRows(NamedTuple):
+    """Policy rows whose difference from the reference mean overflows float64, as ``unit * 2**exponents``."""
 
-    Mahalanobis distances do not change when both batches move together and are scaled together (the
-    ridge then scales by ``4**-e``). Returns ``(policy, reference, halves, e)``: policy rows that do not
-    fit in float64 after scaling (rows astronomically far from the reference) come back as inf, and
-    ``halves`` holds ``(x - centre) / 2`` in the original units for every row (finite). When no rescaling
-    is needed, everything is returned as given, with ``halves = None`` and ``e = 0``.
-    """
-    if not _outside_safe_range(policy, reference):
-        return policy, reference, None, 0
-    center = reference.min(axis=0) / 2.0 + reference.max(axis=0) / 2.0
-    reference = reference - center
-    exponent = pow2_exponent(float(np.max(np.abs(reference))))
-    halves = policy / 2.0 - center / 2.0  # (x - centre) / 2 cannot overflow
-    with np.errstate(over="ignore"):
-        policy = np.ldexp(halves, 1 - exponent)
-    return policy, np.ldexp(reference, -exponent), halves, exponent
+    rows: NDArray[np.int64]
+    unit: NDArray[np.float64]
+    exponents: NDArray[np.int64]
 
 
-def _unit_rows(rows: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
-    """``(v, k)`` with ``rows = v * 2**k`` row by row and every ``|v| < 1`` (exact)."""
-    exponents = np.frexp(np.max(np.abs(rows), axis=1))[1].astype(np.int64)
-    return np.asarray(np.ldexp(rows, -exponents[:, None]), dtype=np.float64), exponents
-
-
-def _squared_mahalanobis(
-    policy: NDArray[np.float64],
-    reference: NDArray[np.float64],
-    shrinkage: str,
-    n_components: int | None,
-    ridge: float,
-) -> NDArray[np.float64]:
-    """Squared Mahalanobis distances of policy rows under a Gaussian fitted to the reference rows.
-
-    Data inside :data:`_SAFE_RANGE` goes through the plain formulas. Otherwise the computation runs on
-    rescaled data, and a row whose difference from the mean does not fit in float64 is carried as
-    ``v * 2**k`` (a "far" row). Entries beyond float64's range are ``+inf``.
-    """
-    policy, reference, halves, exponent = _to_reference_scale(policy, reference)
+def _far_rows(policy: NDArray[np.float64], halves: NDArray[np.float64] | None, exponent: int) -> _FarRows:
+    """The rows :func:`to_reference_scale` could not scale (inf), rebuilt exactly from ``halves``."""
     far = np.flatnonzero(~np.isfinite(policy).all(axis=1))
-    far_unit = np.zeros((0, policy.shape[1]))
-    far_exponents = np.zeros(0, dtype=np.int64)
     if far.size and halves is not None:  # difference = 2 * halves / 2**e; the mean (|mu| <= 2) is negligible
-        far_unit, far_exponents = _unit_rows(halves[far])
-        far_exponents += 1 - exponent
-    if n_components is not None:
-        with np.errstate(divide="ignore", invalid="ignore"):  # variance ratios of a constant reference
-            pca = PCA(n_components=n_components, svd_solver="full").fit(reference)
-        reference = np.asarray(pca.transform(reference), dtype=np.float64)
-        near_rows = np.setdiff1d(np.arange(policy.shape[0]), far)
-        projected = np.zeros((policy.shape[0], n_components), dtype=np.float64)
-        if near_rows.size:
-            projected[near_rows] = pca.transform(policy[near_rows])
-        if far.size:  # the projection is linear: project the unit rows, scale back where that fits
-            components = np.asarray(pca.components_, dtype=np.float64)
-            far_projected = far_unit @ components.T
-            with np.errstate(over="ignore", invalid="ignore"):
-                back = np.ldexp(far_projected, far_exponents[:, None]) - np.asarray(pca.mean_) @ components.T
-            fits = np.isfinite(back).all(axis=1)
-            projected[far[fits]] = back[fits]
-            far_unit, extra = _unit_rows(far_projected[~fits])
-            far_exponents = far_exponents[~fits] + extra
-            far = far[~fits]
-        policy = projected
-        if not far.size:
-            far_unit = np.zeros((0, n_components))
-    near = np.setdiff1d(np.arange(policy.shape[0]), far)
-    squared = np.full(policy.shape[0], np.inf)
+        unit, exponents = unit_rows(halves[far])
+        return _FarRows(far, unit, exponents + (1 - exponent))
+    return _FarRows(far, np.zeros((0, policy.shape[1])), np.zeros(0, dtype=np.int64))
+
+
+def _project_on_components(
+    policy: NDArray[np.float64], reference: NDArray[np.float64], n_components: int, far: _FarRows
+) -> tuple[NDArray[np.float64], NDArray[np.float64], _FarRows]:
+    """Project both batches on the reference's top ``n_components`` principal components (exact SVD).
+
+    The projection is linear: far rows are projected as unit rows and scaled back where that fits in
+    float64; the others stay far, in the projected space.
+    """
+    from sklearn.decomposition import PCA
+
+    with np.errstate(divide="ignore", invalid="ignore"):  # variance ratios of a constant reference
+        pca = PCA(n_components=n_components, svd_solver="full").fit(reference)
+    reference = np.asarray(pca.transform(reference), dtype=np.float64)
+    near_rows = np.setdiff1d(np.arange(policy.shape[0]), far.rows)
+    projected = np.zeros((policy.shape[0], n_components), dtype=np.float64)
+    if near_rows.size:
+        projected[near_rows] = pca.transform(policy[near_rows])
+    if not far.rows.size:
+        return projected, reference, _FarRows(far.rows, np.zeros((0, n_components)), far.exponents)
+    components = np.asarray(pca.components_, dtype=np.float64)
+    far_projected = far.unit @ components.T
+    with np.errstate(over="ignore", invalid="ignore"):
+        back = np.ldexp(far_projected, far.exponents[:, None]) - np.asarray(pca.mean_) @ components.T
+    fits = np.isfinite(back).all(axis=1)
+    projected[far.rows[fits]] = back[fits]
+    unit, extra = unit_rows(far_projected[~fits])
+    return projected, reference, _FarRows(far.rows[~fits], unit, far.exponents[~fits] + extra)
+
+
+def _fit_gaussian(
+    reference: NDArray[np.float64], shrinkage: str
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """``(mean, covariance)`` of the reference rows with the chosen shrinkage estimator."""
+    from sklearn.covariance import OAS, EmpiricalCovariance, LedoitWolf
+
     estimator = {"ledoit_wolf": LedoitWolf, "oas": OAS, "none": EmpiricalCovariance}[shrinkage]()
     estimator.fit(reference)
     location = np.asarray(estimator.location_, dtype=np.float64)
-    dim = reference.shape[1]
+    return location, np.asarray(estimator.covariance_, dtype=np.float64)
+
+
+def _norms_over_ridge(
+    differences: NDArray[np.float64], far: _FarRows, ridge: float, exponent: int
+) -> NDArray[np.float64]:
+    """``||x - mu||^2 / ridge`` for the near rows' ``differences`` and then the far rows, as ``v * 2**k``.
+
+    Used when the reference is tiny and the ridge huge: the covariance is then ``ridge * I`` to float64
+    precision (its own entries are <= 4 after scaling).
+    """
+    mantissa, ridge_exponent = math.frexp(ridge)
+    near_unit, near_exponents = unit_rows(differences)
+    units = np.concatenate([near_unit, far.unit])
+    exponents = np.concatenate([near_exponents, far.exponents]) * 2 + 2 * exponent - ridge_exponent
+    norms = np.einsum("ij,ij->i", units, units) / mantissa
     with np.errstate(over="ignore", under="ignore"):
-        scaled_ridge = float(np.ldexp(ridge, -2 * exponent))
-    if not math.isfinite(scaled_ridge):
-        # A tiny reference and a huge ridge: the covariance is ridge * I to float64 precision (its own
-        # entries are <= 4 after scaling), so d^2 = ||x - mu||^2 / ridge, evaluated as v * 2**k.
-        mantissa, ridge_exponent = math.frexp(ridge)
-        near_unit, near_exponents = _unit_rows(policy[near] - location)
-        units = np.concatenate([near_unit, far_unit])
-        exponents = np.concatenate([near_exponents, far_exponents]) * 2 + 2 * exponent - ridge_exponent
-        norms = np.einsum("ij,ij->i", units, units) / mantissa
-        with np.errstate(over="ignore", under="ignore"):
-            squared[np.concatenate([near, far])] = np.ldexp(norms, exponents)
-        return squared
-    covariance = np.asarray(estimator.covariance_, dtype=np.float64) + scaled_ridge * np.eye(dim)
+        return np.asarray(np.ldexp(norms, exponents), dtype=np.float64)
+
+
+def _whitener(
+    covariance: NDArray[np.float64], rows: int, shrinkage: str, ridge: float
+) -> Callable[[NDArray[np.float64]], NDArray[np.float64]]:
+    """Cholesky-factor the covariance; return ``d -> ||L^{-1} d||^2`` for the columns of ``d.T``.
+
+    A sum of squares is never negative (unlike ``d . cho_solve(d)``). A numerically singular covariance
+    (a pivot ratio at rounding level) is refused with advice.
+    """
+    import scipy.linalg
+
+    dim = covariance.shape[0]
     singular_msg = (
-        f"`reference_emb` gives a numerically singular covariance ({reference.shape[0]} rows in {dim} "
+        f"`reference_emb` gives a numerically singular covariance ({rows} rows in {dim} "
         f"dimensions, shrinkage={shrinkage!r}, ridge={ridge:g}); set `ridge` > 0, use shrinkage='oas' or "
         "'ledoit_wolf', or reduce the dimension with `n_components`."
     )
@@ -430,19 +387,50 @@ def _squared_mahalanobis(
     if pivots.min() / pivots.max() <= dim * np.finfo(np.float64).eps:  # a ratio: a huge ridge cannot overflow
         raise InputError(singular_msg)
 
-    def whitened_norms(rows: NDArray[np.float64]) -> NDArray[np.float64]:
-        # d^2 = ||L^{-1} (x - mu)||^2: a sum of squares, so never negative (unlike diff . cho_solve(diff)).
-        whitened = scipy.linalg.solve_triangular(factor, rows.T, lower=lower, check_finite=False)
+    def whitened_norms(differences: NDArray[np.float64]) -> NDArray[np.float64]:
+        whitened = scipy.linalg.solve_triangular(factor, differences.T, lower=lower, check_finite=False)
         return np.asarray(np.einsum("ij,ij->j", whitened, whitened), dtype=np.float64)
 
+    return whitened_norms
+
+
+def _squared_mahalanobis(
+    policy: NDArray[np.float64],
+    reference: NDArray[np.float64],
+    shrinkage: str,
+    n_components: int | None,
+    ridge: float,
+) -> NDArray[np.float64]:
+    """Squared Mahalanobis distances of policy rows under a Gaussian fitted to the reference rows.
+
+    Data inside :data:`~loopguard.signals._embeddings.SAFE_RANGE` goes through the plain formulas.
+    Otherwise the computation runs on rescaled data, and a row whose difference from the mean does not fit
+    in float64 is carried as ``v * 2**k`` (a "far" row). Entries beyond float64's range are ``+inf``.
+    """
+    policy, reference, halves, exponent = to_reference_scale(policy, reference)
+    far = _far_rows(policy, halves, exponent)
+    if n_components is not None:
+        policy, reference, far = _project_on_components(policy, reference, n_components, far)
+    near = np.setdiff1d(np.arange(policy.shape[0]), far.rows)
+    squared = np.full(policy.shape[0], np.inf)
+    location, covariance = _fit_gaussian(reference, shrinkage)
+    with np.errstate(over="ignore", under="ignore"):
+        scaled_ridge = float(np.ldexp(ridge, -2 * exponent))
+    if not math.isfinite(scaled_ridge):
+        squared[np.concatenate([near, far.rows])] = _norms_over_ridge(
+            policy[near] - location, far, ridge, exponent
+        )
+        return squared
+    covariance = covariance + scaled_ridge * np.eye(reference.shape[1])
+    whitened_norms = _whitener(covariance, reference.shape[0], shrinkage, ridge)
     with np.errstate(over="ignore", invalid="ignore", under="ignore"):
         squared[near] = whitened_norms(policy[near] - location)
         redo = near[~np.isfinite(squared[near])]
         if redo.size:  # an intermediate overflowed: whiten each such row as v * 2**k
-            unit, unit_exponents = _unit_rows(policy[redo] - location)
+            unit, unit_exponents = unit_rows(policy[redo] - location)
             squared[redo] = np.ldexp(whitened_norms(unit), 2 * unit_exponents)
-        if far.size:
-            squared[far] = np.ldexp(whitened_norms(far_unit), 2 * far_exponents)
+        if far.rows.size:
+            squared[far.rows] = np.ldexp(whitened_norms(far.unit), 2 * far.exponents)
     return squared
 
 
@@ -594,5 +582,7 @@ def mahalanobis_outlier_fraction(
     alpha_value = check_real("alpha", alpha, lo=0.0, hi=1.0, lo_inclusive=False, hi_inclusive=False)
     squared = _squared_mahalanobis(policy, reference, shrinkage_name, components, ridge_value)
     dof = components if components is not None else reference.shape[1]
+    from scipy.stats import chi2
+
     p_values = chi2.sf(squared, df=dof)
     return float(np.mean(p_values < alpha_value))

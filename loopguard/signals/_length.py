@@ -5,6 +5,13 @@ that. Four per-batch views of it live here: the correlation between reward and l
 reward on length, the length-stratified ("weighted") reward gain over a reference batch, and the per-step
 trend of the mean length. None of them is a hack detector on its own: reasoning tasks grow length on
 purpose, so a length signal should only ever *support* a verdict raised by another signal.
+
+References (cited by short name in the functions below):
+    Singhal, P., Goyal, T., Xu, J., Durrett, G. (2023). A Long Way to Go: Investigating Length Correlations
+    in RLHF. arXiv:2310.03716.
+
+    Chen, L., Zhu, C., Soselia, D., et al. (2024). ODIN: Disentangled Reward Mitigates Hacking in RLHF.
+    arXiv:2402.07319.
 """
 
 from __future__ import annotations
@@ -14,7 +21,6 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.stats import rankdata
 
 from loopguard._validation import (
     as_float_array,
@@ -115,10 +121,7 @@ def reward_length_correlation(
         0.0
 
     References:
-        Singhal, P., Goyal, T., Xu, J., Durrett, G. (2023). A Long Way to Go: Investigating Length
-        Correlations in RLHF. arXiv:2310.03716.
-        Chen, L., Zhu, C., Soselia, D., et al. (2024). ODIN: Disentangled Reward Mitigates Hacking in RLHF.
-        arXiv:2402.07319.
+        Singhal et al. (2023), arXiv:2310.03716; Chen et al. (2024, ODIN), arXiv:2402.07319.
     """
     chosen = check_choice("method", method, _CORRELATION_METHODS)
     reward_array, length_array = _rewards_and_lengths(rewards, lengths)
@@ -131,6 +134,8 @@ def reward_length_correlation(
     x = length_array.astype(np.float64)
     y = reward_array
     if chosen == "spearman":
+        from scipy.stats import rankdata  # imported where used: `import loopguard` stays light
+
         x = np.asarray(rankdata(x), dtype=np.float64)
         y = np.asarray(rankdata(y), dtype=np.float64)
     return _pearson(x, y)
@@ -170,8 +175,7 @@ def reward_length_slope(rewards: object, lengths: object) -> float:
         0.0
 
     References:
-        Singhal, P., Goyal, T., Xu, J., Durrett, G. (2023). A Long Way to Go: Investigating Length
-        Correlations in RLHF. arXiv:2310.03716.
+        Singhal et al. (2023), arXiv:2310.03716.
     """
     reward_array, length_array = _rewards_and_lengths(rewards, lengths)
     if len(reward_array) < 2:
@@ -244,10 +248,7 @@ def length_stratified_gain(
         0.0
 
     References:
-        Singhal, P., Goyal, T., Xu, J., Durrett, G. (2023). A Long Way to Go: Investigating Length
-        Correlations in RLHF. arXiv:2310.03716.
-        Chen, L., Zhu, C., Soselia, D., et al. (2024). ODIN: Disentangled Reward Mitigates Hacking in RLHF.
-        arXiv:2402.07319.
+        Singhal et al. (2023), arXiv:2310.03716; Chen et al. (2024, ODIN), arXiv:2402.07319.
     """
     width = check_int("bin_width", bin_width, lo=1)
     minimum = check_int("min_count", min_count, lo=1)
@@ -327,8 +328,8 @@ def length_trend(mean_lengths: object, *, method: TrendMethod = "ols") -> float:
         10.83...
 
     References:
-        Singhal, P., Goyal, T., Xu, J., Durrett, G. (2023). A Long Way to Go: Investigating Length
-        Correlations in RLHF. arXiv:2310.03716.
+        Singhal et al. (2023), arXiv:2310.03716.
+
         Sen, P. K. (1968). Estimates of the regression coefficient based on Kendall's tau. Journal of the
         American Statistical Association 63(324).
     """

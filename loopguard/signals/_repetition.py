@@ -72,9 +72,7 @@ def _relabel(tokens: NDArray[np.int64]) -> tuple[NDArray[np.int64], int]:
     return labels[tokens], int(labels[-1]) + 1
 
 
-def _ngram_keys(
-    tokens: NDArray[np.int64], base: int, starts: NDArray[np.int64], n: int
-) -> NDArray[np.int64]:
+def _ngram_keys(tokens: NDArray[np.int64], base: int, starts: NDArray[np.int64], n: int) -> NDArray[np.int64]:
     """Exact int64 keys of the n-grams at ``starts``: equal within a last-axis slice iff the n-grams match.
 
     Keys are packed as ``key * base + token`` while that cannot overflow int64. Otherwise the keys built so
@@ -219,9 +217,7 @@ def ngram_repetition_rate(
 
 
 @overload
-def distinct_n(
-    sequences: object, n: int = 2, *, reduce: Literal["corpus", "mean"] = "corpus"
-) -> float: ...
+def distinct_n(sequences: object, n: int = 2, *, reduce: Literal["corpus", "mean"] = "corpus") -> float: ...
 @overload
 def distinct_n(sequences: object, n: int = 2, *, reduce: Literal["none"]) -> NDArray[np.float64]: ...
 

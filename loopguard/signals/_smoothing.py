@@ -23,7 +23,6 @@ from typing import Any, Literal
 import attrs
 import numpy as np
 from numpy.typing import NDArray
-from scipy.signal import lfilter
 
 from loopguard._validation import (
     MAX_SERIES_LENGTH,
@@ -121,6 +120,8 @@ def _ema_filter(series: NDArray[np.float64], a: float) -> NDArray[np.float64]:
     out = np.empty_like(series)
     out[0] = series[0]
     if series.size > 1:
+        from scipy.signal import lfilter  # imported where used: `import loopguard` stays light
+
         # y_t - (1 - a) y_{t-1} = a x_t, started from the state that yields y_0 = x_0 exactly.
         with np.errstate(over="ignore", invalid="ignore"):
             filtered, _ = lfilter([a], [1.0, -(1.0 - a)], series[1:], zi=[(1.0 - a) * series[0]])

@@ -265,6 +265,43 @@ def test_robust_baseline_matches_statistics_module(size):
     assert isinstance(base.count, int)
 
 
+def _mad_arrays():
+    rng = np.random.default_rng(2024)
+    for size in [1, 2, 3, 4, 5, 8, 9, 100, 101, 1_000, 1_001]:
+        for _ in range(20):
+            yield rng.normal(size=size)
+            yield rng.standard_t(df=1, size=size) * 10.0 ** rng.integers(-300, 300)  # heavy tails, any scale
+            yield rng.integers(0, 3, size=size).astype(np.float64)  # ties: a few distinct values
+            yield np.round(rng.normal(size=size), 1)
+        values = rng.normal(size=size)
+        values[: size // 3] = 1e9  # a minority of outliers
+        yield values
+        yield np.full(size, 0.7)  # constant series
+        yield np.full(size, -1e300)
+        yield rng.normal(size=size) * 5e-324  # subnormals
+    yield np.array([0.0, 1.0, 1.0, 1.0, 2.0, 1e6])
+
+
+def test_robust_baseline_mad_is_bit_identical_to_the_numpy_formula():
+    # robust_baseline takes its MAD from scipy.stats.median_abs_deviation: the same bits as the plain formula
+    for values in _mad_arrays():
+        base = robust_baseline(values, min_count=1)
+        assert base.median == float(np.median(values))
+        expected = float(np.median(np.abs(values - np.median(values))))
+        assert np.float64(base.mad).tobytes() == np.float64(expected).tobytes(), values
+
+
+def test_robust_baseline_mad_where_the_plain_formula_overflows():
+    # the middle-pair mean of the deviations overflows: taken on halved values instead
+    base = robust_baseline([-1.1e308, -1.1e308, 1.1e308, 1.1e308], min_count=1)
+    assert (base.median, base.mad) == (0.0, 1.1e308)
+    # a deviation overflows (2e308), the median deviation does not
+    base = robust_baseline([-1e308, 1e308, 1e308], min_count=1)
+    assert (base.median, base.mad) == (1e308, 0.0)
+    with pytest.raises(InputError, match=re.escape("robust scale (1.4826 * MAD) representable in float64")):
+        robust_baseline([-1.7e308, 1.7e308], min_count=1)
+
+
 def test_robust_baseline_scale_estimates_gaussian_sigma():
     values = np.random.default_rng(0).normal(5.0, 2.0, size=20_000)
     base = robust_baseline(values)
@@ -455,9 +492,7 @@ def test_reward_drift_properties(a, b):
 def test_standardized_wasserstein_is_invariant_to_affine_rescaling(a, b, factor, shift):
     base = reward_drift(a, b, standardize=True)
     assume(math.isfinite(base))
-    moved = reward_drift(
-        [factor * x + shift for x in a], [factor * x + shift for x in b], standardize=True
-    )
+    moved = reward_drift([factor * x + shift for x in a], [factor * x + shift for x in b], standardize=True)
     assert moved == pytest.approx(base, rel=1e-6, abs=1e-6)
     # the raw distance scales with the data instead
     raw = reward_drift(a, b)

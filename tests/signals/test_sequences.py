@@ -47,13 +47,25 @@ def test_rows_preserved_for_any_ragged_batch(rows):
 @pytest.mark.parametrize(
     ("value", "error", "message"),
     [
-        ("a b c", LoopguardTypeError, "`ids` must be a batch of sequences (a list of strings or of token-id lists)"),
-        (["a b", [1, 2]], LoopguardTypeError, "`ids` must be all strings or all token-id sequences, not a mix."),
+        (
+            "a b c",
+            LoopguardTypeError,
+            "`ids` must be a batch of sequences (a list of strings or of token-id lists)",
+        ),
+        (
+            ["a b", [1, 2]],
+            LoopguardTypeError,
+            "`ids` must be all strings or all token-id sequences, not a mix.",
+        ),
         ([], InputError, "`ids` must not be empty, got 0 sequences."),
         ([[1.0, 2.0]], LoopguardTypeError, "`ids[0]` must hold integer token ids, got dtype float64."),
         ([[1], [True]], LoopguardTypeError, "`ids[1]` must hold integer token ids, got booleans."),
         ([[1], [[1, 2]]], InputError, "`ids[1]` must be a 1-D sequence of token ids, got shape (1, 2)."),
-        ([[5, 6], [1, -100]], InputError, "`ids` must hold token ids >= 0 (strip padding first), got -100 in row 1."),
+        (
+            [[5, 6], [1, -100]],
+            InputError,
+            "`ids` must hold token ids >= 0 (strip padding first), got -100 in row 1.",
+        ),
         (np.zeros(3, dtype=int), InputError, "`ids` must be a 2-D array of token ids or a list of sequences"),
         (np.zeros((2, 2)), LoopguardTypeError, "`ids` must hold integer token ids, got dtype float64."),
         (42, LoopguardTypeError, "`ids` must be a list of sequences, got 42 of type int."),
@@ -82,7 +94,9 @@ def test_token_batch_passes_through_and_is_validated():
         TokenBatch(tokens=tokens, offsets=np.array([0, 2, 1, 3], dtype=np.int64))
     with pytest.raises(InputError, match=re.escape("end at len(tokens) (3)")):
         TokenBatch(tokens=tokens, offsets=np.array([0, 2], dtype=np.int64))
-    with pytest.raises(LoopguardTypeError, match=re.escape("`TokenBatch.tokens` must be a 1-D int64 numpy array")):
+    with pytest.raises(
+        LoopguardTypeError, match=re.escape("`TokenBatch.tokens` must be a 1-D int64 numpy array")
+    ):
         TokenBatch(tokens=[1, 2, 3], offsets=np.array([0, 3], dtype=np.int64))
 
 
