@@ -98,12 +98,12 @@ def run(
         ),
         set_beta=lambda value: beta.__setitem__(0, value),
         checkpoint=manager,
+        checkpoint_every=save_every,  # saved by the main process while healthy, confirmed by the Guard
         sync=rank_sync(accelerator),
     )
     register_state(accelerator, loop)
     steps_log: dict[str, dict[str, object]] = {}
     after_rollback: dict[str, str] = {}
-    pending, clean = None, True
     for step in range(1, steps + 1):
         log_probs_table = policy()
         dist = torch.distributions.Categorical(logits=log_probs_table)
@@ -127,27 +127,17 @@ def run(
             kl=float(accelerator.reduce(kl.detach(), "mean")),  # a statistic: reduced by mean
             beta=beta[0],
         )
-        applied = loop.step(observation, model=inner, optimizer=inner_optimizer)
+        applied = loop.step(observation, model=inner, optimizer=inner_optimizer)  # decides, applies, saves
         steps_log[str(step)] = {"action": applied.action, "beta": beta[0]}
-        clean = clean and applied.decision is not None and applied.decision.verdict == "OK"
         if applied.rolled_back_to is not None:
             after_rollback[str(step)] = digest(inner)
-            pending, clean = None, True
         if applied.stop:
             break
-        if step % save_every == 0:  # confirm the previous checkpoint, then save this one while healthy
-            if pending is not None and clean and accelerator.is_main_process:
-                manager.mark_good(pending)
-            pending, clean = None, True
-            if loop.healthy():
-                if accelerator.is_main_process:
-                    manager.save(step, inner, inner_optimizer, rng=False)
-                pending = step
     state_dir = os.path.join(folder, "state")
     accelerator.save_state(state_dir)
     accelerator.wait_for_everyone()
     before = loop.state_dict()
-    loop.rollbacks, loop.onset = [], -1  # forget, then read back what save_state wrote
+    loop.rollbacks = []  # forget, then read back what save_state wrote
     accelerator.load_state(state_dir)  # every rank reads the JSON back
     record: dict[str, object] = dict(
         steps=steps_log,

@@ -15,9 +15,11 @@ Everything is built in-process on the CPU (no downloads, about half a minute on 
 Two arms start from the same weights and seed. The guarded arm adds one callback::
 
     trainer.add_callback(RewardHackMitigator(
-        mode="kl_control",                                          # raise beta while the hack lasts
-        rollback=EscalationLadder(max_rollbacks=1, stop_patience=5),  # then roll back once, then stop
-        checkpoint=".../rollback_checkpoints",                      # where rollback checkpoints go
+        guard=Guard(
+            mode="kl_control",                                          # raise beta while the hack lasts
+            ladder=EscalationLadder(max_rollbacks=1, stop_patience=5),  # then roll back once, then stop
+        ),
+        checkpoint=".../rollback_checkpoints",                          # where rollback checkpoints go
     ))
 
 The bug never goes away, so raising beta suppresses the hack only while beta stays high: when loopguard
@@ -50,7 +52,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast, PrinterCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from loopguard import EscalationLadder, RewardHackMitigator, read_mitigation_log
+from loopguard import EscalationLadder, Guard, RewardHackMitigator, read_mitigation_log
 
 WORDS = [f"w{i}" for i in range(24)] + ["x"]
 MAX_WORDS = 8
@@ -120,8 +122,7 @@ def train(
     mitigator = None
     if guarded:
         mitigator = RewardHackMitigator(
-            mode="kl_control",
-            rollback=EscalationLadder(max_rollbacks=1, stop_patience=5),
+            guard=Guard(mode="kl_control", ladder=EscalationLadder(max_rollbacks=1, stop_patience=5)),
             checkpoint=os.path.join(output_dir, "rollback_checkpoints"),
         )
         trainer.add_callback(mitigator)

@@ -8,7 +8,8 @@ position); the reference policy is its frozen start. The gold objective pays for
 onto ``"x x x x x x x x"``. The guarded arm runs the same loop with
 :class:`loopguard.adapters.loop.LoopGuard`: each step it builds an :class:`~loopguard.Observation`, and
 the Guard raises the loop's beta, rolls back to the last good checkpoint (an in-memory
-:class:`~loopguard.checkpoint.CheckpointManager`), and stops when the hack persists. For several processes,
+:class:`~loopguard.checkpoint.CheckpointManager` that the LoopGuard fills every ``SAVE_EVERY`` steps while
+the run is healthy), and stops when the hack persists. For several processes,
 see ``examples/accelerate_loop.py`` (the same loop under Accelerate, one decision on every rank).
 """
 
@@ -63,8 +64,9 @@ def run(guarded: bool, seed: int = 0) -> dict[str, object]:
         ),
         set_beta=lambda value: beta.__setitem__(0, value),
         checkpoint=manager,
+        checkpoint_every=SAVE_EVERY,  # saved while healthy, marked good once the Guard confirms it
     )
-    pending, clean, stopped_at = None, True, None
+    stopped_at = None
     betas = []
     for step in range(1, STEPS + 1):
         dist = torch.distributions.Categorical(logits=policy.logits)
@@ -94,20 +96,10 @@ def run(guarded: bool, seed: int = 0) -> dict[str, object]:
             kl=float(kl.detach()),
             beta=beta[0],
         )
-        applied = loop.step(observation, model=policy, optimizer=optimizer)
-        clean = clean and applied.decision is not None and applied.decision.verdict == "OK"
-        if applied.rolled_back_to is not None:
-            pending, clean = None, True
+        applied = loop.step(observation, model=policy, optimizer=optimizer)  # decides, applies, saves
         if applied.stop:
             stopped_at = step
             break
-        if step % SAVE_EVERY == 0:  # confirm the previous checkpoint, then save this one while healthy
-            if pending is not None and clean:
-                manager.mark_good(pending)
-            pending, clean = None, True
-            if loop.healthy():
-                manager.save(step, policy, optimizer, rng=False)
-                pending = step
     with torch.no_grad():
         ids = torch.distributions.Categorical(logits=policy.logits).sample((256,))
     return {

@@ -395,7 +395,7 @@ def test_load_state_refuses_another_configuration():
     saved = Guard(beta=0.01).state_dict()
     with pytest.raises(ConfigError, match=re.escape("`state` was saved by a Guard with mode='kl_control', but this Guard has mode='pid_lagrangian'.")):
         Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
-    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 1, got 7.")):
+    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 2, got 7.")):
         Guard(beta=0.01).load_state_dict({**saved, "version": 7})
     with pytest.raises(StateError, match=re.escape("`state['detectors']` must have exactly the keys ['collapse', 'diversity', 'drift', 'length', 'repetition'], got missing ['collapse', 'diversity', 'drift', 'length', 'repetition'], unexpected []")):
         Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})

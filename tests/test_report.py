@@ -63,7 +63,7 @@ def hacked_log(tmp_path_factory):
     finally:
         sys.path.remove(str(ADAPTERS))
 
-    from loopguard import BangBang, RewardHackMitigator
+    from loopguard import BangBang, Guard, RewardHackMitigator
 
     folder = tmp_path_factory.mktemp("report-run")
     threads = torch.get_num_threads()
@@ -71,7 +71,9 @@ def hacked_log(tmp_path_factory):
     try:
         tokenizer = build_tokenizer()
         model_dir = save_tiny_model(folder / "model", tokenizer)
-        mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=4, controller=BangBang(gain=3.0))
+        mitigator = RewardHackMitigator(
+            guard=Guard(mode="kl_control", controller=BangBang(gain=3.0), warmup_steps=4)
+        )
         trainer = grpo_trainer(
             model_dir, tokenizer, folder / "run", [make_echo_reward(3)], [mitigator], max_steps=18, beta=0.05
         )

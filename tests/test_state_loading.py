@@ -27,7 +27,14 @@ from loopguard import (
     StateError,
 )
 from loopguard.adapters.loop import LoopGuard
-from loopguard.control import AdaptiveKLState, BangBang, BangBangState, LadderState, PIDLagrangianState
+from loopguard.control import (
+    AdaptiveKLState,
+    BangBang,
+    BangBangState,
+    ControlInput,
+    LadderState,
+    PIDLagrangianState,
+)
 from loopguard.integrations import GuardedKLController
 
 WORDS = [f"w{i}" for i in range(120)]
@@ -247,10 +254,18 @@ def test_loop_guard_load_is_all_or_nothing(data):
     _check_all_or_nothing(_loop_factory, state, mutated, what, 3, _loop_decide)
 
 
+def _vote(vote):
+    return ControlInput(vote=vote)
+
+
 CONTROL_STATES = [
-    (BangBangState, BangBang(), lambda c: c.update(c.update(c.init(0.01), 0.9)[1], 0.9)[1]),
-    (PIDLagrangianState, PIDLagrangian(), lambda c: c.update(c.update(c.init(0.01), 0.9)[1], 0.2)[1]),
-    (AdaptiveKLState, AdaptiveKL(), lambda c: c.update(c.init(0.01), 9.0, 64)[1]),
+    (BangBangState, BangBang(), lambda c: c.update(c.update(c.init(0.01), _vote(0.9))[1], _vote(0.9))[1]),
+    (
+        PIDLagrangianState,
+        PIDLagrangian(),
+        lambda c: c.update(c.update(c.init(0.01), _vote(0.9))[1], _vote(0.2))[1],
+    ),
+    (AdaptiveKLState, AdaptiveKL(), lambda c: c.update(c.init(0.01), ControlInput(kl=9.0, batch_size=64))[1]),
     (LadderState, EscalationLadder(rollback_patience=1, max_rollbacks=1), lambda c: c.update(
         c.update(c.init(), hacking=True, can_rollback=True)[1], hacking=False)[1]),
 ]
@@ -314,10 +329,63 @@ def test_unknown_keys_and_versions_are_refused():
     state = _run(GUARDS["kl_control"](), 8).state_dict()
     with pytest.raises(StateError, match=re.escape("unexpected ['beta_floor']")):
         GUARDS["kl_control"]().load_state_dict({**state, "beta_floor": 0.5})
-    with pytest.raises(StateError, match=re.escape("`state['version']` must be 1, got 2.")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 2})
+    with pytest.raises(StateError, match=re.escape("`state['version']` must be 2, got 3.")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 3})
     with pytest.raises(StateError, match=re.escape("`state['kind']` must be 'loopguard.LoopGuard'")):
-        _loop_factory().load_state_dict({"kind": "loopguard.RewardHackMitigator", "version": 1})
+        _loop_factory().load_state_dict({"kind": "loopguard.RewardHackMitigator", "version": 2})
+
+
+def _tripped_loop():
+    """A LoopGuard whose Guard is in a hack episode (the loop falls into an echo from step 8), and its onset."""
+    loop = _loop_factory()
+    rng = np.random.default_rng(5)
+    verdicts = {}
+    for step in range(11):
+        decision = loop.step((_looping if step >= 8 else _healthy)(step, rng, beta=0.01)).decision
+        verdicts[step] = decision.verdict
+    onset = min(step for step, verdict in verdicts.items() if verdict != "OK")
+    assert onset >= 8
+    assert all(verdicts[step] != "OK" for step in range(onset, 11))
+    assert loop.guard.onset == loop.last_decision.onset == onset
+    return loop, onset
+
+
+def test_the_loop_guard_state_keeps_the_onset_in_the_guard():
+    loop, onset = _tripped_loop()
+    state = loop.state_dict()
+    assert state["version"] == 2
+    assert set(state) == {"kind", "version", "guard", "rollbacks"}
+    assert state["guard"]["version"] == 2
+    assert state["guard"]["episode"]["onset"] == onset
+    twin = _loop_factory()
+    twin.load_state_dict(json.loads(json.dumps(state)))
+    assert twin.guard.onset == twin.onset == onset
+
+
+def test_a_version_1_loop_guard_state_still_loads_and_gives_its_onset_to_the_guard():
+    state = json.loads(json.dumps(_tripped_loop()[0].state_dict()))
+    guard_state = {key: value for key, value in state["guard"].items() if key != "episode"}
+    old = {**state, "version": 1, "onset": 6, "guard": {**guard_state, "version": 1}}  # as loopguard wrote it
+    twin = _loop_factory()
+    twin.load_state_dict(old)
+    assert twin.guard.onset == twin.onset == 6
+    assert twin.state_dict()["version"] == 2
+    assert "onset" not in twin.state_dict()
+    assert twin.state_dict()["guard"]["episode"]["onset"] == 6
+    with pytest.raises(StateError, match=re.escape("got missing ['onset'], unexpected []")):
+        _loop_factory().load_state_dict({**state, "version": 1})  # version 1 had the onset
+    with pytest.raises(StateError, match=re.escape("unexpected ['onset']")):
+        _loop_factory().load_state_dict({**state, "onset": 6})  # version 2 has not
+
+
+def test_a_version_1_guard_state_still_loads_with_a_fresh_episode():
+    guard = _run(GUARDS["kl_control"](), 12)
+    state = {key: value for key, value in guard.state_dict().items() if key != "episode"}
+    twin = GUARDS["kl_control"]()
+    twin.load_state_dict({**state, "version": 1})
+    assert twin.onset is None
+    assert twin.healthy
+    assert twin.state_dict() == guard.state_dict()
 
 
 def test_a_state_from_another_controller_configuration_is_refused():

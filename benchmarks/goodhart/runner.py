@@ -41,7 +41,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from benchmarks.goodhart.policy import build_tokenizer, prompts, save_initial_policy
 from benchmarks.goodhart.scenarios import MAX_TOKENS, SCENARIOS, Reward, Scenario, noisy
-from loopguard import EscalationLadder, RewardHackMitigator, read_mitigation_log
+from loopguard import EscalationLadder, Guard, RewardHackMitigator, read_mitigation_log
 from loopguard.control import AdaptiveKL
 from loopguard.detectors import RMEnsemble
 
@@ -76,11 +76,9 @@ def loopguard_mitigator(mode: str, checkpoint_dir: str) -> RewardHackMitigator:
     signals: list[Any] = ["repetition", "diversity", "length", "collapse", "drift"]
     signals.append(RMEnsemble(members=ENSEMBLE))
     if mode == "log_only":
-        return RewardHackMitigator(mode="log_only", signals=signals)
+        return RewardHackMitigator(guard=Guard(signals, mode="log_only"))
     return RewardHackMitigator(
-        mode=mode,
-        signals=signals,
-        rollback=EscalationLadder(),
+        guard=Guard(signals, mode=mode, ladder=EscalationLadder()),
         checkpoint=checkpoint_dir,
         checkpoint_every=10,
     )
@@ -202,7 +200,10 @@ def run_one(
         log_path = os.path.join(folder, "run", "mitigation_log.jsonl")
         if arm == "adaptive_kl":
             mitigator = RewardHackMitigator(
-                mode="adaptive_kl", controller=AdaptiveKL(target=ADAPTIVE_TARGET, horizon=ADAPTIVE_HORIZON)
+                guard=Guard(
+                    mode="adaptive_kl",
+                    controller=AdaptiveKL(target=ADAPTIVE_TARGET, horizon=ADAPTIVE_HORIZON),
+                )
             )
         elif arm in LOOPGUARD_ARMS:
             mitigator = loopguard_mitigator(_LOOPGUARD_MODES[arm], os.path.join(folder, "checkpoints"))

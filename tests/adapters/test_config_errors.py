@@ -8,6 +8,7 @@ from loopguard import (
     ConfigError,
     EscalationLadder,
     GoldAudit,
+    Guard,
     InfoRM,
     LoopguardTypeError,
     RewardHackMitigator,
@@ -34,40 +35,55 @@ def test_every_kl_changing_mode_refuses_beta_zero(model_dir, tokenizer, tmp_path
 
 def test_info_rm_without_embeddings():
     with pytest.raises(ConfigError, match="signal 'info_rm' needs embeddings"):
-        RewardHackMitigator(signals=["repetition", "info_rm"])
+        RewardHackMitigator(guard=Guard(["repetition", "info_rm"]))
     with pytest.raises(ConfigError, match=r"pass InfoRM\(embed_fn=\.\.\.\)"):
-        RewardHackMitigator(signals=[InfoRM(from_observations=True)])
+        RewardHackMitigator(guard=Guard([InfoRM(from_observations=True)]))
 
 
 def test_gold_without_a_judge():
     with pytest.raises(ConfigError, match=r"pass GoldAudit\(gold_fn=\.\.\.\)"):
-        RewardHackMitigator(signals=[GoldAudit()])
+        RewardHackMitigator(guard=Guard([GoldAudit()]))
 
 
 def test_unknown_signal():
     with pytest.raises(ConfigError, match=r"`signals` must name known signals .*got 'sentiment'"):
-        RewardHackMitigator(signals=["sentiment"])
+        RewardHackMitigator(guard=Guard(["sentiment"]))
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("build", "message"),
     [
-        ({"warmup_steps": True}, "`warmup_steps` must be an integer (not bool), got True."),
-        ({"checkpoint_every": True}, "`checkpoint_every` must be an integer (not bool), got True."),
-        ({"group_size": False}, "`group_size` must be an integer (not bool), got False."),
-        ({"halt_on_hack": 1}, "`halt_on_hack` must be a bool, got 1 of type int."),
-        ({"rollback": 1}, "`rollback` must be a bool, got 1 of type int."),
+        (
+            lambda: RewardHackMitigator(guard=Guard(warmup_steps=True)),
+            "`warmup_steps` must be an integer (not bool), got True.",
+        ),
+        (
+            lambda: RewardHackMitigator(checkpoint_every=True),
+            "`checkpoint_every` must be an integer (not bool), got True.",
+        ),
+        (
+            lambda: RewardHackMitigator(group_size=False),
+            "`group_size` must be an integer (not bool), got False.",
+        ),
+        (
+            lambda: RewardHackMitigator(guard=Guard(halt_on_hack=1)),
+            "`halt_on_hack` must be a bool, got 1 of type int.",
+        ),
+        (
+            lambda: RewardHackMitigator(guard=Guard(ladder=1)),
+            "`ladder` must be an EscalationLadder or None, got int.",
+        ),
     ],
 )
-def test_bool_for_a_number_and_number_for_a_bool(kwargs, message):
+def test_bool_for_a_number_and_number_for_a_bool(build, message):
     with pytest.raises(LoopguardTypeError) as error:
-        RewardHackMitigator(**kwargs)
+        build()
     assert str(error.value) == message
 
 
 def test_rollback_without_a_checkpoint_source_fails_at_train_start(model_dir, tokenizer, tmp_path):
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=3)
-    trainer.add_callback(RewardHackMitigator(rollback=True))
+    trainer.add_callback(RewardHackMitigator(guard=Guard(ladder=EscalationLadder())))
     with pytest.raises(ConfigError, match=r"rollback needs a checkpoint source: pass checkpoint="):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -75,7 +91,7 @@ def test_rollback_without_a_checkpoint_source_fails_at_train_start(model_dir, to
 
 def test_rollback_with_an_rl_checkpoint_callback_is_a_source(model_dir, tokenizer, tmp_path):
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=2)
-    mitigator = RewardHackMitigator(rollback=True, warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(ladder=EscalationLadder(), warmup_steps=3))
     trainer.add_callback(mitigator)
     trainer.add_callback(RLCheckpointCallback(save_every_steps=1, directory=tmp_path / "store"))
     trainer.train()
@@ -86,25 +102,38 @@ def test_other_configuration_errors(tmp_path):
     with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
         RewardHackMitigator(checkpoint=tmp_path)
     with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
-        RewardHackMitigator(checkpoint=tmp_path, rollback=EscalationLadder(max_rollbacks=0))
+        RewardHackMitigator(checkpoint=tmp_path, guard=Guard(ladder=EscalationLadder(max_rollbacks=0)))
     with pytest.raises(ConfigError, match="`controller` must be None with mode='log_only'"):
-        RewardHackMitigator(mode="log_only", controller=loopguard.BangBang())
+        RewardHackMitigator(guard=Guard(mode="log_only", controller=loopguard.BangBang()))
     with pytest.raises(ConfigError, match="`ladder` must be None with mode='log_only'"):
-        RewardHackMitigator(mode="log_only", rollback=True)
-    with pytest.raises(ConfigError, match="`guard_options` must name Guard options"):
-        RewardHackMitigator(guard_options={"warmup": 5})
+        RewardHackMitigator(guard=Guard(mode="log_only", ladder=EscalationLadder()))
     with pytest.raises(LoopguardTypeError, match=r"`taps\[0\]` must be wrapped with loopguard.tap"):
         RewardHackMitigator(taps=[lambda prompts, completions, **kw: [0.0]])
     with pytest.raises(LoopguardTypeError, match="`coefficient` must be"):
         RewardHackMitigator(coefficient=("kl_coef", 0.1))
     with pytest.raises(LoopguardTypeError, match="`checkpoint` must be a CheckpointManager or a directory"):
-        RewardHackMitigator(checkpoint=3, rollback=True)
+        RewardHackMitigator(checkpoint=3, guard=Guard(ladder=EscalationLadder()))
+
+
+def test_mode_and_guard_are_exclusive():
+    with pytest.raises(ConfigError, match=r"^`mode` must be None when a guard is given") as error:
+        RewardHackMitigator(mode="log_only", guard=Guard(mode="log_only"))
+    assert "configure the mode on the Guard" in str(error.value)
+    with pytest.raises(ConfigError, match="`mode`"):
+        RewardHackMitigator("kl_control", guard=Guard())
+
+
+def test_guard_must_be_a_guard():
+    with pytest.raises(LoopguardTypeError, match=r"^`guard` must be a loopguard\.Guard, got "):
+        RewardHackMitigator(guard="x")
+    with pytest.raises(LoopguardTypeError, match="`guard`"):
+        RewardHackMitigator(guard={"mode": "log_only"})
 
 
 def test_unknown_ensemble_members_fail_at_train_start(model_dir, tokenizer, tmp_path):
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=2)
     trainer.add_callback(
-        RewardHackMitigator(signals=[loopguard.RMEnsemble(members=("echo_reward", "judge"))])
+        RewardHackMitigator(guard=Guard([loopguard.RMEnsemble(members=("echo_reward", "judge"))]))
     )
     with pytest.raises(
         ConfigError, match=r"must name reward functions of the trainer \(echo_reward\).*'judge'"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 
-from loopguard import EchoTrapCallback, GoldAudit, RewardHackMitigator, RMEnsemble
+from loopguard import EchoTrapCallback, GoldAudit, Guard, RewardHackMitigator, RMEnsemble
 from loopguard.adapters.hf_trainer import EchoTrapCallback as Direct
 
 
@@ -43,7 +43,7 @@ def test_rm_ensemble_from_the_trainers_reward_functions_with_a_watched_member(mo
 
     proxy = make_echo_reward(8)
     mitigator = RewardHackMitigator(
-        mode="log_only", signals=[RMEnsemble(members=("echo_reward", "judge"))], warmup_steps=4
+        guard=Guard([RMEnsemble(members=("echo_reward", "judge"))], mode="log_only", warmup_steps=4)
     )
     trainer = grpo_trainer(
         model_dir, tokenizer, tmp_path, [proxy, judge], max_steps=30, reward_weights=[1.0, 0.0]
@@ -69,9 +69,11 @@ def test_gold_audit_with_a_judge(model_dir, tokenizer, tmp_path):
         return [len(set(text.split())) / 8 for text in completions]
 
     mitigator = RewardHackMitigator(
-        mode="log_only",
-        signals=["repetition", GoldAudit(gold_fn=gold_fn, every=2, sample_size=8)],
-        warmup_steps=4,
+        guard=Guard(
+            ["repetition", GoldAudit(gold_fn=gold_fn, every=2, sample_size=8)],
+            mode="log_only",
+            warmup_steps=4,
+        )
     )
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=30)
     trainer.add_callback(mitigator)

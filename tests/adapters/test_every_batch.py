@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from adapter_helpers import gold, grpo_trainer
 
-from loopguard import RewardHackMitigator, read_mitigation_log
+from loopguard import Guard, RewardHackMitigator, read_mitigation_log
 
 
 def _record_observations(mitigator):
@@ -49,7 +49,7 @@ def test_every_generation_batch_of_a_step_is_observed(model_dir, tokenizer, tmp_
         steps_per_generation=1,
     )
     assert trainer.args.generation_batch_size == 8
-    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     observed = _record_observations(mitigator)
     trainer.add_callback(mitigator)
     trainer.train()
@@ -86,7 +86,7 @@ def test_unscorable_completions_are_left_out_as_trl_does(model_dir, tokenizer, t
         return out
 
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [verifier], max_steps=8, learning_rate=0.0)
-    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     observed = _record_observations(mitigator)
     trainer.add_callback(mitigator)
     trainer.train()
@@ -139,7 +139,7 @@ def test_rloo_every_batch_of_a_step_and_unscorable_completions(model_dir, tokeni
         model=fresh_model(model_dir), reward_funcs=verifier, args=args, train_dataset=prompts_dataset(),
         processing_class=tokenizer,
     )
-    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     observed = _record_observations(mitigator)
     trainer.add_callback(mitigator)
     trainer.train()

@@ -15,6 +15,7 @@ from loopguard import (
     CheckpointError,
     ConfigError,
     EscalationLadder,
+    Guard,
     RewardHackMitigator,
     RLCheckpointCallback,
     read_mitigation_log,
@@ -30,7 +31,7 @@ def _broken_setter(value):
 def test_a_run_time_failure_is_loud_at_every_step_and_training_continues(model_dir, tokenizer, tmp_path):
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=24)
     mitigator = RewardHackMitigator(
-        mode="kl_control", warmup_steps=3, coefficient=(lambda: trainer.beta, _broken_setter)
+        guard=Guard(mode="kl_control", warmup_steps=3), coefficient=(lambda: trainer.beta, _broken_setter)
     )
     reporter = Spy()
     trainer.add_callback(mitigator)
@@ -60,8 +61,7 @@ def test_on_error_raise_makes_a_run_time_failure_fatal(model_dir, tokenizer, tmp
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=24)
     trainer.add_callback(
         RewardHackMitigator(
-            mode="kl_control",
-            warmup_steps=3,
+            guard=Guard(mode="kl_control", warmup_steps=3, on_error="raise"),
             coefficient=(lambda: trainer.beta, _broken_setter),
             on_error="raise",
         )
@@ -78,9 +78,15 @@ def _saved_run(model_dir, tokenizer, output_dir):
     trainer = grpo_trainer(
         model_dir, tokenizer, output_dir, [make_echo_reward(10**9)], max_steps=6, save_strategy="steps", save_steps=6
     )
-    trainer.add_callback(RewardHackMitigator(mode="kl_control", warmup_steps=3))
+    trainer.add_callback(RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=3)))
     trainer.train()
     return output_dir / "checkpoint-6"
+
+
+def _with_onset(state, onset):
+    """The mitigator state with the Guard's hack onset replaced."""
+    state["guard"]["episode"]["onset"] = onset
+    return state
 
 
 @pytest.mark.parametrize(
@@ -88,10 +94,8 @@ def _saved_run(model_dir, tokenizer, output_dir):
     [
         (lambda path: path.write_text(path.read_text()[:200]), "is not a valid saved state"),
         (
-            lambda path: path.write_text(
-                json.dumps({**json.loads(path.read_text()), "onset": "soon"})
-            ),
-            "`state['onset']` must be an integer",
+            lambda path: path.write_text(json.dumps(_with_onset(json.loads(path.read_text()), "soon"))),
+            "`state['episode']['onset']` must be an integer",  # the Guard names its own fields
         ),
         (
             lambda path: path.write_text(path.read_text().replace('"vote": 0.0', '"vote": NaN', 1)),
@@ -109,7 +113,7 @@ def test_a_bad_resume_state_stops_the_run_at_its_start_naming_the_file(
     assert '"vote": 0.0' in state_file.read_text() or reason != "NaN is not JSON"
     damage(state_file)
     resumed = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=9)
-    resumed.add_callback(RewardHackMitigator(mode="kl_control", warmup_steps=3))
+    resumed.add_callback(RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=3)))
     with pytest.raises(ConfigError) as info:
         resumed.train(resume_from_checkpoint=str(folder))
     message = str(info.value)
@@ -125,7 +129,9 @@ def test_an_unreadable_store_stops_the_run_at_its_start(model_dir, tokenizer, tm
     (store / "good.json").write_text("{not json")
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=3)
     trainer.add_callback(
-        RewardHackMitigator(mode="kl_control", rollback=EscalationLadder(), checkpoint=store, warmup_steps=3)
+        RewardHackMitigator(
+            guard=Guard(mode="kl_control", ladder=EscalationLadder(), warmup_steps=3), checkpoint=store
+        )
     )
     with pytest.raises(CheckpointError, match=re.escape(f"{store / 'good.json'} is malformed")):
         trainer.train()

@@ -6,12 +6,21 @@ it reads the completions, rewards, KL and entropy the trainer computed.
 """
 
 import json
+import re
 
 import pytest
 import torch
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 
-from loopguard import BangBang, EscalationLadder, RewardHackMitigator, shape_reward
+from loopguard import (
+    BangBang,
+    EscalationLadder,
+    Guard,
+    Observation,
+    RewardHackMitigator,
+    StateError,
+    shape_reward,
+)
 from loopguard.checkpoint import CheckpointManager
 
 
@@ -23,7 +32,9 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
     model_dir, tokenizer, tmp_path
 ):
     # The reward bug is live for steps [12, 24): long enough for the policy to collapse into "x x x ...".
-    mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=6, controller=BangBang(gain=3.0))
+    mitigator = RewardHackMitigator(
+        guard=Guard(mode="kl_control", controller=BangBang(gain=3.0), warmup_steps=6)
+    )
     trainer = grpo_trainer(
         model_dir, tokenizer, tmp_path, [make_echo_reward(12, 24)], max_steps=60, beta=0.05
     )
@@ -55,7 +66,7 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
 
 
 def test_log_only_never_changes_beta(model_dir, tokenizer, tmp_path):
-    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=6)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=6))
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30)
     spy = Spy()
     spy.trainer = trainer
@@ -77,7 +88,7 @@ def test_log_only_never_changes_beta(model_dir, tokenizer, tmp_path):
 def test_each_generation_batch_is_observed_once(model_dir, tokenizer, tmp_path):
     # num_iterations=2: TRL generates on steps 1, 3, 5, ... and reuses each batch for a second update.
     # log_only also runs on GRPO's default beta of 0 (there is no KL term to control).
-    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     trainer = grpo_trainer(
         model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=10, num_iterations=2, beta=0.0
     )
@@ -98,7 +109,7 @@ def test_loopguard_metrics_reach_every_log_before_the_reporters(model_dir, token
         logging_steps=3,
         callbacks=[reporter],
     )
-    mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=3))
     trainer.add_callback(mitigator)
     trainer.train()
 
@@ -131,7 +142,7 @@ def test_the_guard_scores_the_unshaped_reward(model_dir, tokenizer, tmp_path):
 
     shaped = shape_reward(proxy, "length", 0.5, target_length=2)
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [shaped], max_steps=4)
-    trainer.add_callback(RewardHackMitigator(mode="log_only", warmup_steps=3))
+    trainer.add_callback(RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3)))
     trainer.train()
     shaped_means = [sum(values) / len(values) for values in [list(trainer._logs["rewards"]["proxy"])]]
     records = _records(tmp_path)
@@ -143,7 +154,7 @@ def test_the_guard_scores_the_unshaped_reward(model_dir, tokenizer, tmp_path):
 
 def test_bind_and_trainer_argument(model_dir, tokenizer, tmp_path):
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=2)
-    mitigator = RewardHackMitigator(mode="log_only", warmup_steps=3, trainer=trainer)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3), trainer=trainer)
     assert mitigator.trainer is trainer
     trainer.add_callback(mitigator)
     trainer.train()
@@ -163,9 +174,11 @@ def test_pid_lagrangian_rollback_restores_exact_tensors_then_stops_after_max_rol
         }
 
     mitigator = RewardHackMitigator(
-        mode="pid_lagrangian",
-        warmup_steps=4,
-        rollback=EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=0),
+        guard=Guard(
+            mode="pid_lagrangian",
+            ladder=EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=0),
+            warmup_steps=4,
+        ),
         checkpoint=tmp_path / "rollback",
         checkpoint_every=2,
     )
@@ -205,7 +218,9 @@ def test_pid_lagrangian_rollback_restores_exact_tensors_then_stops_after_max_rol
 
 def test_resume_from_checkpoint_restores_the_guard_state(model_dir, tokenizer, tmp_path):
     def make():
-        return RewardHackMitigator(mode="kl_control", warmup_steps=4, controller=BangBang(gain=3.0))
+        return RewardHackMitigator(
+            guard=Guard(mode="kl_control", controller=BangBang(gain=3.0), warmup_steps=4)
+        )
 
     first = make()
     trainer = grpo_trainer(
@@ -239,3 +254,44 @@ def test_resume_from_checkpoint_restores_the_guard_state(model_dir, tokenizer, t
         state_after_21["detectors"]["repetition"]["baseline"]
         == saved["guard"]["detectors"]["repetition"]["baseline"]
     )
+
+
+def _tripped_mitigator():
+    """A mitigator (no trainer) whose Guard is in a hack episode that began at step 5."""
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
+    for step in range(8):
+        completions = ["x y " * 6] * 8 if step >= 5 else [f"w{step} w{i} w{i + 1} w{i + 2}" for i in range(8)]
+        rewards = [2.0 + 0.1 * i for i in range(8)] if step >= 5 else [0.1 * (i % 4) for i in range(8)]
+        mitigator.guard.step(Observation(step, rewards, completions=completions, group_size=4))
+    assert mitigator.guard.onset == 5
+    return mitigator
+
+
+def test_the_mitigator_state_keeps_the_onset_in_the_guard():
+    state = json.loads(json.dumps(_tripped_mitigator().state_dict()))
+    assert state["version"] == 3
+    assert set(state) == {"kind", "version", "mode", "beta", "guard", "rollbacks", "run"}
+    assert state["guard"]["episode"]["onset"] == 5
+    twin = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
+    twin.load_state_dict(state)
+    assert twin.guard.onset == 5
+
+
+def test_a_version_2_mitigator_state_still_loads_and_gives_its_onset_to_the_guard():
+    state = json.loads(json.dumps(_tripped_mitigator().state_dict()))
+    guard_state = {key: value for key, value in state["guard"].items() if key != "episode"}
+    old = {**state, "version": 2, "onset": 4, "guard": {**guard_state, "version": 1}}  # as loopguard wrote it
+    twin = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
+    twin.load_state_dict(old)
+    assert twin.guard.onset == 4
+    assert twin.state_dict()["version"] == 3
+    assert "onset" not in twin.state_dict()
+    assert twin.state_dict()["guard"]["episode"]["onset"] == 4
+    with pytest.raises(StateError, match=re.escape("got missing ['onset'], unexpected []")):
+        RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3)).load_state_dict(
+            {**state, "version": 2}
+        )
+    with pytest.raises(StateError, match=re.escape("unexpected ['onset']")):
+        RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3)).load_state_dict(
+            {**state, "onset": 4}
+        )

@@ -4,14 +4,14 @@ rollback source for RewardHackMitigator."""
 import torch
 from adapter_helpers import Spy, decisions, fresh_model, grpo_trainer, make_echo_reward
 
-from loopguard import EscalationLadder, RewardHackMitigator, RLCheckpointCallback
+from loopguard import EscalationLadder, Guard, RewardHackMitigator, RLCheckpointCallback
 from loopguard.checkpoint import CheckpointManager
 
 
 def test_mid_epoch_checkpoints_with_the_guard_state_and_the_synced_reference(model_dir, tokenizer, tmp_path):
     store = tmp_path / "store"
     checkpoints = RLCheckpointCallback(save_every_steps=3, keep_last=2, directory=store)
-    mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=3))
     trainer = grpo_trainer(
         model_dir,
         tokenizer,
@@ -43,9 +43,11 @@ def test_rollback_through_an_rl_checkpoint_callback(model_dir, tokenizer, tmp_pa
         return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
     mitigator = RewardHackMitigator(
-        mode="kl_control",
-        warmup_steps=4,
-        rollback=EscalationLadder(rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=5),
+        guard=Guard(
+            mode="kl_control",
+            ladder=EscalationLadder(rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=5),
+            warmup_steps=4,
+        )
     )
     checkpoints = RLCheckpointCallback(save_every_steps=2, directory=tmp_path / "store")
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(8)], max_steps=40)

@@ -18,6 +18,7 @@ from loopguard import (
     CheckpointError,
     ConfigError,
     EscalationLadder,
+    Guard,
     RewardHackMitigator,
     RLCheckpointCallback,
     read_mitigation_log,
@@ -38,9 +39,13 @@ def _digest(model):
 def _run(model_dir, tokenizer, output_dir, *, hack_from, max_steps, learning_rate):
     """One guarded run with default-scoped rollback checkpoints; returns (trainer, mitigator, digests)."""
     mitigator = RewardHackMitigator(
-        mode="kl_control",
-        warmup_steps=4,
-        rollback=EscalationLadder(rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=50),
+        guard=Guard(
+            mode="kl_control",
+            ladder=EscalationLadder(
+                rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=50
+            ),
+            warmup_steps=4,
+        )
     )
     # default store (<output_dir>/loopguard_checkpoints); every checkpoint kept, so A's early ones stay there
     checkpoints = RLCheckpointCallback(save_every_steps=2, keep_last=50)
@@ -102,7 +107,9 @@ def test_a_named_store_of_another_run_is_refused_at_the_start(model_dir, tokeniz
 
     def guarded():
         return RewardHackMitigator(
-            mode="kl_control", warmup_steps=3, rollback=EscalationLadder(), checkpoint=store, checkpoint_every=2
+            guard=Guard(mode="kl_control", ladder=EscalationLadder(), warmup_steps=3),
+            checkpoint=store,
+            checkpoint_every=2,
         )
 
     first = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10**9)], max_steps=4)
@@ -141,7 +148,7 @@ def test_a_restore_never_loads_a_checkpoint_of_another_run(model_dir, tokenizer,
 def test_resume_keeps_the_identity_and_sets_the_abandoned_timeline_apart(model_dir, tokenizer, tmp_path):
     def mitigator():
         return RewardHackMitigator(
-            mode="kl_control", warmup_steps=3, rollback=EscalationLadder(), checkpoint_every=2
+            guard=Guard(mode="kl_control", ladder=EscalationLadder(), warmup_steps=3), checkpoint_every=2
         )
 
     checkpoints = RLCheckpointCallback(save_every_steps=2)

@@ -12,7 +12,7 @@ from datasets import Dataset
 from transformers import Trainer, TrainingArguments
 
 import loopguard
-from loopguard import BangBang, RewardHackMitigator
+from loopguard import BangBang, Guard, RewardHackMitigator
 
 
 def _records(output_dir):
@@ -52,7 +52,7 @@ def test_rloo_beta_accessor(model_dir, tokenizer, tmp_path):
         train_dataset=prompts_dataset(),
         processing_class=tokenizer,
     )
-    mitigator = RewardHackMitigator(warmup_steps=4, controller=BangBang(gain=3.0))
+    mitigator = RewardHackMitigator(guard=Guard(controller=BangBang(gain=3.0), warmup_steps=4))
     trainer.add_callback(mitigator)
     trainer.train()
 
@@ -80,7 +80,7 @@ def test_online_dpo_beta_accessor_reads_rewards_through_a_tap(model_dir, tokeniz
         train_dataset=prompts_dataset(),
         processing_class=tokenizer,
     )
-    mitigator = RewardHackMitigator(warmup_steps=4, controller=BangBang(gain=3.0))
+    mitigator = RewardHackMitigator(guard=Guard(controller=BangBang(gain=3.0), warmup_steps=4))
     trainer.add_callback(mitigator)  # the tapped function is found among trainer.reward_funcs
     trainer.train()
 
@@ -108,7 +108,7 @@ def test_dpo_beta_accessor_and_implicit_reward_margins(model_dir, tokenizer, tmp
     trainer = DPOTrainer(
         model=fresh_model(model_dir), args=args, train_dataset=dataset, processing_class=tokenizer
     )
-    mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=3))
     trainer.add_callback(mitigator)
     trainer.train()
 
@@ -188,9 +188,7 @@ def test_generic_coefficient_accessor_on_a_plain_loop(model_dir, tokenizer, tmp_
         kl_coef=0.05,
     )
     mitigator = RewardHackMitigator(
-        mode="kl_control",
-        warmup_steps=4,
-        controller=BangBang(gain=3.0),
+        guard=Guard(mode="kl_control", controller=BangBang(gain=3.0), warmup_steps=4),
         coefficient=(lambda: trainer.kl_coef, lambda value: setattr(trainer, "kl_coef", value)),
         taps=[tapped],
         group_size=4,

@@ -61,7 +61,7 @@ def main():
     from adapter_helpers import build_tokenizer, gold, grpo_trainer, save_tiny_model
     from transformers import TrainerCallback
 
-    from loopguard import EscalationLadder, RewardHackMitigator, tap
+    from loopguard import EscalationLadder, Guard, RewardHackMitigator, tap
     from loopguard.adapters._distributed import RankSync
     from loopguard.checkpoint import CheckpointManager
 
@@ -93,11 +93,15 @@ def main():
 
     store = os.path.join(shared, f"store-rank{rank}" if nosync else "store")
     mitigator = RewardHackMitigator(
-        mode="kl_control",
-        rollback=EscalationLadder(rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=50),
+        guard=Guard(
+            mode="kl_control",
+            ladder=EscalationLadder(
+                rollback_patience=2, stop_patience=50, max_rollbacks=1, cooldown_steps=50
+            ),
+            warmup_steps=3,
+        ),
         checkpoint=store,
         checkpoint_every=2,
-        warmup_steps=3,
         taps=[tapped],
         group_size=4,
     )

@@ -91,7 +91,7 @@ def test_single_process_grpo_mitigator_issues_no_collective(monkeypatch, tmp_pat
     import torch.distributed as dist
     from adapter_helpers import build_tokenizer, grpo_trainer, make_echo_reward, save_tiny_model
 
-    from loopguard import RewardHackMitigator
+    from loopguard import EscalationLadder, RewardHackMitigator
 
     def refuse(*args, **kwargs):
         raise AssertionError("a collective was called in a single process")
@@ -103,7 +103,9 @@ def test_single_process_grpo_mitigator_issues_no_collective(monkeypatch, tmp_pat
     try:
         tokenizer = build_tokenizer()
         model_dir = save_tiny_model(tmp_path / "model", tokenizer)
-        mitigator = RewardHackMitigator(warmup_steps=3, rollback=True, checkpoint=tmp_path / "store")
+        mitigator = RewardHackMitigator(
+            guard=Guard(ladder=EscalationLadder(), warmup_steps=3), checkpoint=tmp_path / "store"
+        )
         trainer = grpo_trainer(
             model_dir, tokenizer, tmp_path / "run", [make_echo_reward(2)], [mitigator], max_steps=4
         )

@@ -10,7 +10,7 @@ import attrs
 import pytest
 import torch
 
-from loopguard import EscalationLadder, Guard, Observation
+from loopguard import ConfigError, EscalationLadder, Guard, Observation
 from loopguard.adapters.loop import Applied, LoopGuard, apply_decision
 from loopguard.checkpoint import CheckpointManager
 
@@ -41,7 +41,7 @@ def test_apply_decision_sets_beta_restores_and_stops():
     assert betas == [0.2]
     assert all(torch.equal(model.state_dict()[k], v) for k, v in saved.items())
     assert apply_decision(attrs.evolve(decision, action="stop")).stop
-    with pytest.raises(ValueError, match="checkpoint"):
+    with pytest.raises(ConfigError, match="a rollback needs `checkpoint`"):
         apply_decision(rollback)
 
 
