@@ -146,6 +146,7 @@ def test_version_1_guard_and_loop_states_still_load_with_their_onset():
     )
     assert loop.guard.onset == 2
     assert loop.onset == 2
+    assert not loop.healthy()  # an open episode: not a moment to save
     with pytest.raises(StateError, match=r"state\['episode'\]\['healthy'\]"):
         fresh.load_state_dict(state | {"episode": {"onset": None, "pending": None, "healthy": "yes"}})
 

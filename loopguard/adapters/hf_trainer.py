@@ -568,6 +568,7 @@ class RewardHackMitigator(_Observer):
         guard = self.guard.decode_state(fields.raw("guard"))
         if old:
             guard.episode.onset = fields.integer("onset", lo=0, optional=True)
+            guard.episode.healthy = guard.episode.healthy and guard.episode.onset is None
         rollbacks = decode_rollbacks(fields)
         run = fields.raw("run")
         if run is not None:

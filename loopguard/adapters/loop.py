@@ -284,6 +284,7 @@ class LoopGuard:
         guard = self.guard.decode_state(fields.raw("guard"))
         if old:
             guard.episode.onset = fields.integer("onset", lo=0, optional=True)
+            guard.episode.healthy = guard.episode.healthy and guard.episode.onset is None
         rollbacks = decode_rollbacks(fields)
         self.guard.load_state_dict(guard)
         self.rollbacks = rollbacks
