@@ -277,6 +277,21 @@ class _Observer(_Bound):
     """A callback that reads what the trainer generated: every generation batch of a step, each once."""
 
     _source: GenerationSource | TapSource | MetricSource | None = None
+    _sync: RankSync
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Decide on the step's new generation batches (:meth:`_on_step`), under the failure policy."""
+        if not self._ready or self._source is None:
+            return
+        try:
+            self._on_step(args, state, control)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_step_end", error, int(state.global_step))
+
+    def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
+        """Observe, decide and act on one optimizer step (subclasses)."""
 
     def on_substep_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -743,28 +758,21 @@ class RewardHackMitigator(_Observer):
             raise ConfigError(msg) from None
         logger.info("loopguard: restored the mitigator state from %s (beta %s)", path, self.beta)
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         """Observe the step's generation batches (each once), decide, apply, log; save a checkpoint if due."""
-        if not self._ready or self._source is None:
-            return
-        try:
-            batch = self._source.poll(int(state.global_step))
-            if batch is not None or self._sync.active:  # every rank takes part, with or without a batch
-                observation = None if batch is None else self._observation(batch)
-                target = self.guard.rollback_target(int(state.global_step))
-                can_rollback = self._store is not None and self._store.can_rollback(target)
-                # one decision on every rank (no collective in a single process): see _distributed.py
-                decision = synced_step(self.guard, observation, can_rollback=can_rollback, sync=self._sync)
-                if decision is not None:
-                    self._apply(decision, observation, batch, args, state, control)
-            if self._own_store and self._store is not None:
-                main = bool(state.is_world_process_zero)
-                parts = _parts(self._trainer, args)
-                self._store.save(int(state.global_step), parts, main=main, extra_state=self.state_dict)
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_step_end", error, int(state.global_step))
+        batch = self._source.poll(int(state.global_step)) if self._source is not None else None
+        if batch is not None or self._sync.active:  # every rank takes part, with or without a batch
+            observation = None if batch is None else self._observation(batch)
+            target = self.guard.rollback_target(int(state.global_step))
+            can_rollback = self._store is not None and self._store.can_rollback(target)
+            # one decision on every rank (no collective in a single process): see adapters/distributed.py
+            decision = synced_step(self.guard, observation, can_rollback=can_rollback, sync=self._sync)
+            if decision is not None:
+                self._apply(decision, observation, batch, args, state, control)
+        if self._own_store and self._store is not None:
+            main = bool(state.is_world_process_zero)
+            parts = _parts(self._trainer, args)
+            self._store.save(int(state.global_step), parts, main=main, extra_state=self.state_dict)
 
     def _observation(self, batch: Batch) -> Observation:
         ensemble = None
@@ -1007,24 +1015,17 @@ class EchoTrapCallback(_Observer):
         self._source = source
         self._ready = True
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         """Classify the step's generation batches (each once) with the echo Guard; halt on TRAP."""
-        if not self._ready or self._source is None:
+        batch = self._source.poll(int(state.global_step)) if self._source is not None else None
+        if batch is not None and not batch.completions:
+            batch = None
+        if batch is None and not self._sync.active:
             return
-        try:
-            batch = self._source.poll(int(state.global_step))
-            if batch is not None and not batch.completions:
-                batch = None
-            if batch is None and not self._sync.active:
-                return
-            observation = None if batch is None else _echo_observation(batch)
-            decision = synced_step(self.guard, observation, can_rollback=False, sync=self._sync)
-            if decision is not None:
-                self._report(decision, batch, control)
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_step_end", error, int(state.global_step))
+        observation = None if batch is None else _echo_observation(batch)
+        decision = synced_step(self.guard, observation, can_rollback=False, sync=self._sync)
+        if decision is not None:
+            self._report(decision, batch, control)
 
     def _report(self, decision: Decision, batch: Batch | None, control: TrainerControl) -> None:
         rate = decision.raw["repetition.rate"]
