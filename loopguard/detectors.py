@@ -808,7 +808,7 @@ def detector_from_name(name: str) -> Detector:
 
     Example:
         >>> detector_from_name("repetition")
-        Repetition(n=2, trap_rate=0.6)
+        Repetition(n=2, trap_rate=0.6, echo=None, against_baseline=True)
     """
     if not isinstance(name, str):
         msg = f"`signals` entries must be signal names or detector configs, got {name!r}."

@@ -43,14 +43,14 @@ makes such a failure fatal instead.
 Requires the ``hf`` extra (``pip install 'loopguard[hf]'``).
 
 Example:
-    >>> from loopguard import RewardHackMitigator, EchoTrapCallback
-    >>> mitigator = RewardHackMitigator(mode="kl_control", warmup_steps=10)
+    >>> from loopguard import EchoTrapCallback, Guard, RewardHackMitigator
+    >>> mitigator = RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=10))
     >>> mitigator.guard.mode, mitigator.trainer is None
     ('kl_control', True)
-    >>> RewardHackMitigator(signals=["repetition", "sentiment"])
+    >>> RewardHackMitigator(mode="log_only", guard=Guard())
     Traceback (most recent call last):
     ...
-    loopguard.exceptions.ConfigError: `signals` must name known signals ('collapse', 'diversity', 'drift', 'gold', 'info_rm', 'length', 'repetition', 'rm_ensemble'), got 'sentiment'.
+    loopguard.exceptions.ConfigError: `mode` must be None when a guard is given (the Guard's mode is 'kl_control'), got mode='log_only': configure the mode on the Guard.
     >>> EchoTrapCallback(threshold=0.6).warn
     0.3
     >>> trainer.add_callback(mitigator)  # doctest: +SKIP
