@@ -7,6 +7,12 @@ exact set of keys (unknown keys are refused, never ignored), and list lengths ag
 "`state['guard']['vote']` must be in [0, 1], got nan." Callers decode everything into fresh values first and
 assign only when all of it passed, so a refused state leaves the object as it was.
 
+Writing: :func:`atomic_target` is loopguard's one atomic replace -- a temporary sibling the caller fills
+and ``fsync``-s, a rename over the target, an ``fsync`` of the directory -- used by :func:`write_atomic`,
+:func:`write_state_file` (the adapters' state files), the checkpoint store's index and run claim (relative
+to an open directory) and the iterative-DPO recipe (manifest, pairs, saved policies).
+Hand-written because no maintained library replaces a file relative to a directory descriptor (``dir_fd``).
+
 Example:
     >>> fields = Fields({"kind": "x", "seen": 3, "vote": 0.5}, keys=("kind", "seen", "vote"))
     >>> fields.integer("seen", lo=0), fields.real("vote", lo=0.0, hi=1.0)
@@ -24,9 +30,9 @@ import json
 import os
 import secrets
 import stat
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, BinaryIO
 
 from loopguard._validation import check_bool, check_int, check_real, describe
 from loopguard.exceptions import InputError, LoopguardError, StateError
@@ -37,14 +43,18 @@ __all__ = [
     "MAX_STATE_TEXT",
     "Fields",
     "as_state_error",
+    "atomic_target",
     "check_state_list",
     "check_state_reals",
     "check_state_text",
     "decode_rollbacks",
     "fsync_dir",
+    "open_regular",
     "open_state",
     "parse_state_json",
     "read_state_file",
+    "refuse_symlink",
+    "replace_durably",
     "write_atomic",
     "write_state_file",
 ]
@@ -92,6 +102,41 @@ def parse_state_json(text: str | bytes, where: str) -> Any:
         raise StateError(msg) from None
 
 
+def open_regular(path: str, refuse: Callable[[str], Exception]) -> tuple[BinaryIO, os.stat_result]:
+    """Open ``path`` to read if it is a regular file: never through a symlink, never blocking on a FIFO.
+
+    Returns the open file and its ``fstat``. A symlink raises ``refuse("a symlink")`` (chained to the
+    ``OSError`` of the refused open), anything else that is not a regular file ``refuse("irregular")``.
+
+    Raises:
+        OSError: the file cannot be opened (missing, permissions).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)  # a FIFO opens without a writer
+    except OSError as error:
+        if os.path.islink(path):
+            raise refuse("a symlink") from error
+        raise
+    handle = os.fdopen(fd, "rb")
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise refuse("irregular")
+    except BaseException:
+        handle.close()
+        raise
+    return handle, info
+
+
+def _refuse_state(path: str) -> Callable[[str], Exception]:
+    def refuse(kind: str) -> Exception:
+        if kind == "a symlink":
+            return StateError(f"{path} is a symlink; refusing to read a state through it.")
+        return StateError(f"{path} is not a regular file (a FIFO, device or directory); refusing to read it.")
+
+    return refuse
+
+
 def read_state_file(path: str, *, limit: int = MAX_STATE_FILE_BYTES) -> Any:
     """Read and parse a JSON state file: a regular file (not a link, FIFO or device: never blocks), bounded.
 
@@ -99,18 +144,8 @@ def read_state_file(path: str, *, limit: int = MAX_STATE_FILE_BYTES) -> Any:
         StateError: not a regular file, larger than ``limit``, or not strict JSON (the message names it).
         OSError: the file cannot be opened (missing, permissions).
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC)
-    except OSError as error:
-        if os.path.islink(path):
-            msg = f"{path} is a symlink; refusing to read a state through it."
-            raise StateError(msg) from error
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            msg = f"{path} is not a regular file (a FIFO, device or directory); refusing to read it."
-            raise StateError(msg)
+    handle, info = open_regular(path, _refuse_state(path))
+    with handle:
         if info.st_size > limit:
             msg = f"{path} has {info.st_size:,} bytes, more than the {limit:,} a saved state may have."
             raise StateError(msg)
@@ -131,6 +166,73 @@ def fsync_dir(path: str) -> None:
             os.close(fd)
 
 
+def refuse_symlink(path: str, dir_fd: int | None = None) -> None:
+    """Raise :class:`InputError` if ``path`` (in ``dir_fd``, if given) is a symlink: never written through."""
+    try:
+        is_link = stat.S_ISLNK(os.stat(path, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return
+    if is_link:
+        msg = f"`{path}` must not be a symlink (loopguard never writes through one), got a symlink."
+        raise InputError(msg)
+
+
+def replace_durably(temp: str, path: str, *, dir_fd: int | None = None) -> None:
+    """Rename ``temp`` over ``path`` (atomic), then ``fsync`` the directory so the rename survives a crash.
+
+    With ``dir_fd`` both are names in that open directory (POSIX) and a failed directory ``fsync`` raises;
+    without it the directory is opened by path and one that cannot be ``fsync``-ed is skipped.
+    """
+    if dir_fd is None:
+        os.replace(temp, path)
+        fsync_dir(os.path.dirname(path) or ".")
+    else:
+        os.rename(temp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # POSIX: replaces like os.replace
+        os.fsync(dir_fd)
+
+
+def _discard(temp: str, dir_fd: int | None) -> None:
+    """Remove what a failed write left at ``temp`` (a file, or a folder in path mode); never raises."""
+    if dir_fd is None and os.path.isdir(temp) and not os.path.islink(temp):
+        import shutil  # here: shutil loads the compression modules, and `import loopguard` stays light
+
+        shutil.rmtree(temp, ignore_errors=True)
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(temp, dir_fd=dir_fd)
+
+
+@contextmanager
+def atomic_target(path: str, *, dir_fd: int | None = None, temp_prefix: str | None = None) -> Iterator[str]:
+    """Yield a fresh temporary sibling of ``path`` to fill; on success rename it over ``path`` durably.
+
+    The one place loopguard replaces a file (or a saved folder) atomically: the caller creates and
+    ``fsync``-s ``temp`` inside the ``with`` block; :func:`replace_durably` then renames it into place.
+    A reader sees the old ``path`` or the new one, never a part of either; if anything fails, ``temp``
+    is removed and ``path`` is untouched. With ``dir_fd`` the names are relative to that open directory.
+
+    Args:
+        path: The file (or folder) to replace; it must not be a symlink.
+        dir_fd: An open directory that ``path`` is a name in, or ``None`` for a path.
+        temp_prefix: The temporary name's prefix (16 random hex characters follow); default
+            ``.<name>.tmp-``.
+
+    Raises:
+        InputError: ``path`` is a symlink.
+        OSError: the rename failed (or the directory ``fsync``, with ``dir_fd``).
+    """
+    refuse_symlink(path, dir_fd)
+    folder, name = os.path.split(path)
+    prefix = f".{name}.tmp-" if temp_prefix is None else temp_prefix
+    temp = os.path.join(folder, f"{prefix}{secrets.token_hex(8)}")
+    try:
+        yield temp
+        replace_durably(temp, path, dir_fd=dir_fd)
+    except BaseException:
+        _discard(temp, dir_fd)
+        raise
+
+
 def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically: a temporary sibling, ``fsync``, rename, ``fsync`` the dir.
 
@@ -141,23 +243,12 @@ def write_atomic(path: str, data: bytes) -> None:
         InputError: ``path`` is a symlink.
         OSError: the file cannot be written; ``path`` is then untouched.
     """
-    folder = os.path.dirname(path) or "."
-    if os.path.islink(path):
-        msg = f"`{path}` must not be a symlink (loopguard never writes through one), got a symlink."
-        raise InputError(msg)
-    temp = os.path.join(folder, f".{os.path.basename(path)}.tmp-{secrets.token_hex(8)}")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
-    try:
+    with atomic_target(path) as temp:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o644)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    fsync_dir(folder)
 
 
 def write_state_file(path: str, value: Any) -> None:

@@ -5,7 +5,8 @@ Two families live here:
 * ``check_*`` functions validate one value and return it normalised (``float``, ``int``, ``str``). The
   ``attrs`` validator factories (:func:`real`, :func:`integer`, :func:`boolean`, :func:`one_of`,
   :func:`name_string`, :func:`path_string`) wrap them for frozen config records, so a record and a kernel
-  reject bad input with the same words.
+  reject bad input with the same words. Hand-written because ``attrs.validators`` accept ``True`` as a
+  number and word their messages their own way.
 * ``as_*_array`` functions turn array-likes (lists, numpy arrays, CPU or GPU torch tensors) into numpy arrays
   and check dimensionality, emptiness, size caps and finiteness.
 
@@ -38,16 +39,19 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
 import numbers
 import os
 from collections.abc import Callable, Collection
-from typing import Any
+from types import ModuleType
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, MissingDependencyError
 
 __all__ = [
     "MAX_EMBEDDING_DIM",
@@ -66,11 +70,13 @@ __all__ = [
     "check_choice",
     "check_int",
     "check_name",
+    "check_number_type",
     "check_path",
     "check_real",
     "check_same_length",
     "check_text",
     "describe",
+    "import_extra",
     "integer",
     "name_string",
     "one_of",
@@ -145,6 +151,22 @@ def _check_range(
         raise ConfigError(msg)
 
 
+def check_number_type(name: str, value: object, kind: type, what: str) -> None:
+    """Refuse a bool (``np.bool_`` too) and anything that is not a ``kind`` (a :mod:`numbers` ABC).
+
+    ``what`` names the expected kind in the message: "`{name}` must be {what} (not bool), got ...".
+
+    Raises:
+        LoopguardTypeError: ``value`` is a bool or not a ``kind``.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        msg = f"`{name}` must be {what} (not bool), got {describe(value)}."
+        raise LoopguardTypeError(msg)
+    if not isinstance(value, kind):
+        msg = f"`{name}` must be {what}, got {describe(value)} of type {type(value).__name__}."
+        raise LoopguardTypeError(msg)
+
+
 def check_real(
     name: str,
     value: object,
@@ -179,13 +201,8 @@ def check_real(
         ...
         loopguard.exceptions.ConfigError: `gain` must be > 1, got 1.0.
     """
-    if isinstance(value, (bool, np.bool_)):
-        msg = f"`{name}` must be a real number (not bool), got {describe(value)}."
-        raise LoopguardTypeError(msg)
-    if not isinstance(value, numbers.Real):
-        msg = f"`{name}` must be a real number, got {describe(value)} of type {type(value).__name__}."
-        raise LoopguardTypeError(msg)
-    result = float(value)
+    check_number_type(name, value, numbers.Real, "a real number")
+    result = float(cast(numbers.Real, value))
     if not math.isfinite(result):
         msg = f"`{name}` must be finite, got {describe(result)}."
         raise ConfigError(msg)
@@ -204,13 +221,8 @@ def check_int(name: str, value: object, *, lo: int | None = None, hi: int | None
         ...
         loopguard.exceptions.LoopguardTypeError: `dwell_steps` must be an integer, got 2.0 of type float.
     """
-    if isinstance(value, (bool, np.bool_)):
-        msg = f"`{name}` must be an integer (not bool), got {describe(value)}."
-        raise LoopguardTypeError(msg)
-    if not isinstance(value, numbers.Integral):
-        msg = f"`{name}` must be an integer, got {describe(value)} of type {type(value).__name__}."
-        raise LoopguardTypeError(msg)
-    result = int(value)
+    check_number_type(name, value, numbers.Integral, "an integer")
+    result = int(cast(numbers.Integral, value))
     _check_range(name, result, lo, hi, True, True)
     return result
 
@@ -230,7 +242,9 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
-def check_text(name: str, value: object, *, max_length: int, what: str = "") -> str:
+def check_text(
+    name: str, value: object, *, max_length: int, what: str = "", allow_empty: bool = False
+) -> str:
     """Validate a non-empty ``str`` with no null bytes and at most ``max_length`` characters.
 
     Args:
@@ -238,6 +252,7 @@ def check_text(name: str, value: object, *, max_length: int, what: str = "") -> 
         value: The value to check.
         max_length: Cap on the number of characters.
         what: Optional kind of string for the message ("name", "path").
+        allow_empty: Accept ``""``.
 
     Example:
         >>> check_text("sentinels[0]", "", max_length=8)
@@ -252,7 +267,7 @@ def check_text(name: str, value: object, *, max_length: int, what: str = "") -> 
     if "\x00" in value:
         msg = f"`{name}` must not contain null bytes, got {describe(value)}."
         raise ConfigError(msg)
-    if not value:
+    if not value and not allow_empty:
         msg = f"`{name}` must be a non-empty {kind}, got ''."
         raise ConfigError(msg)
     if len(value) > max_length:
@@ -300,8 +315,34 @@ def check_path(name: str, value: object) -> str:
     return check_text(name, value, max_length=MAX_PATH_LENGTH, what="path")
 
 
+def import_extra(message: str, *modules: str) -> list[ModuleType]:
+    """Import ``modules`` in order; a missing one raises :class:`MissingDependencyError` (an install hint).
+
+    ``message`` names the extra ("... needs the `hf` extra: pip install 'loopguard[hf]'"); an ``{error}`` in
+    it is replaced by the ``ImportError``.
+
+    Raises:
+        MissingDependencyError: a module cannot be imported (chained to the ``ImportError``).
+    """
+    try:
+        return [importlib.import_module(module) for module in modules]
+    except ImportError as error:
+        raise MissingDependencyError(message.format(error=error)) from error
+
+
 # --------------------------------------------------------------------------------------------------
 # attrs validator factories
+
+
+def _validator(check: Callable[[str, Any], object], *, optional: bool) -> AttrsValidator:
+    """An ``attrs`` validator applying ``check(attribute name, value)`` (skipping ``None`` if optional)."""
+
+    def validate(_instance: Any, attribute: Any, value: Any) -> None:
+        if optional and value is None:
+            return
+        check(attribute.name, value)
+
+    return validate
 
 
 def real(
@@ -324,69 +365,33 @@ def real(
         ...
         loopguard.exceptions.ConfigError: `trip` must be finite, got nan.
     """
-
-    def validate(_instance: Any, attribute: Any, value: Any) -> None:
-        if optional and value is None:
-            return
-        check_real(
-            attribute.name, value, lo=lo, hi=hi, lo_inclusive=lo_inclusive, hi_inclusive=hi_inclusive
-        )
-
-    return validate
+    check = functools.partial(check_real, lo=lo, hi=hi, lo_inclusive=lo_inclusive, hi_inclusive=hi_inclusive)
+    return _validator(check, optional=optional)
 
 
 def integer(*, lo: int | None = None, hi: int | None = None, optional: bool = False) -> AttrsValidator:
     """Return an ``attrs`` validator that applies :func:`check_int` to the attribute."""
-
-    def validate(_instance: Any, attribute: Any, value: Any) -> None:
-        if optional and value is None:
-            return
-        check_int(attribute.name, value, lo=lo, hi=hi)
-
-    return validate
+    return _validator(functools.partial(check_int, lo=lo, hi=hi), optional=optional)
 
 
 def boolean() -> AttrsValidator:
     """Return an ``attrs`` validator that applies :func:`check_bool` to the attribute."""
-
-    def validate(_instance: Any, attribute: Any, value: Any) -> None:
-        check_bool(attribute.name, value)
-
-    return validate
+    return _validator(check_bool, optional=False)
 
 
 def one_of(*allowed: str, optional: bool = False) -> AttrsValidator:
     """Return an ``attrs`` validator that applies :func:`check_choice` with a closed allowlist."""
-    frozen = frozenset(allowed)
-
-    def validate(_instance: Any, attribute: Any, value: Any) -> None:
-        if optional and value is None:
-            return
-        check_choice(attribute.name, value, frozen)
-
-    return validate
+    return _validator(functools.partial(check_choice, allowed=frozenset(allowed)), optional=optional)
 
 
 def name_string(*, optional: bool = False) -> AttrsValidator:
     """Return an ``attrs`` validator that applies :func:`check_name`."""
-
-    def validate(_instance: Any, attribute: Any, value: Any) -> None:
-        if optional and value is None:
-            return
-        check_name(attribute.name, value)
-
-    return validate
+    return _validator(check_name, optional=optional)
 
 
 def path_string(*, optional: bool = False) -> AttrsValidator:
     """Return an ``attrs`` validator that applies :func:`check_path`."""
-
-    def validate(_instance: Any, attribute: Any, value: Any) -> None:
-        if optional and value is None:
-            return
-        check_path(attribute.name, value)
-
-    return validate
+    return _validator(check_path, optional=optional)
 
 
 # --------------------------------------------------------------------------------------------------

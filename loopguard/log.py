@@ -7,17 +7,21 @@ a JSON Lines file by a :class:`MitigationLog`. :func:`read_mitigation_log` reads
 The writer is built to run inside a training loop that must not die because of it:
 
 * **Line-atomic appends.** Each record is one line written with a single ``os.write`` on a descriptor
-  opened with ``O_APPEND``, under an exclusive ``flock`` shared by every loopguard writer of that file, so
-  records from several processes never interleave and a rotation by one process is seen by the others.
+  opened with ``O_APPEND``, under an exclusive lock on that file (``filelock``'s ``lock_descriptor``: a
+  ``flock``, released if the process dies) shared by every loopguard writer of it, so records from several
+  processes never interleave and a rotation by one process is seen by the others.
 * **Size rotation.** When the file would grow past ``max_bytes`` it is renamed ``path.1`` (older backups
-  shift to ``path.2`` ... ``path.<backups>``; the oldest is dropped).
+  shift to ``path.2`` ... ``path.<backups>``; the oldest is dropped). Hand-written because
+  ``logging.handlers.RotatingFileHandler`` rotates per process, so several writers of one file would
+  interleave records or lose them at a rotation.
 * **No writing through symlinks.** The file is opened with ``O_NOFOLLOW`` and checked with ``os.lstat``
   before it is rotated; a symlinked log file is refused (its target stays untouched).
 * **Secrets redacted.** Access tokens and API keys (Hugging Face, OpenAI, Anthropic, GitHub, AWS),
   values of ``api_key=``/``token:``/``"password": "..."``-style pairs, HTTP authorization credentials, URL
   passwords and private-key blocks in any string become ``[REDACTED]`` before anything reaches the disk
   (see :func:`redact_secrets`); dictionary keys holding one are renamed ``[REDACTED]``, ``[REDACTED#2]``,
-  ... so that no entry is lost.
+  ... so that no entry is lost. Hand-written because secret scanners (detect-secrets) report findings in
+  files; none rewrites the values of a JSON tree before it is written.
 * **Never raises into training.** A failure warns once per :class:`MitigationLog` and
   :meth:`MitigationLog.append` returns ``False``; later appends keep trying.
 
@@ -48,12 +52,13 @@ import stat
 import types
 import warnings
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import attrs
 import numpy as np
 
 from loopguard._run import check_run_id
+from loopguard._saved_state import open_regular
 from loopguard._types import ACTIONS, VERDICTS, Action, Verdict
 from loopguard._validation import (
     MAX_NAME_LENGTH,
@@ -61,7 +66,9 @@ from loopguard._validation import (
     check_choice,
     check_int,
     check_name,
+    check_number_type,
     check_path,
+    check_text,
     describe,
     name_string,
     one_of,
@@ -69,12 +76,6 @@ from loopguard._validation import (
 )
 from loopguard.detectors import StepData
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
-
-_FCNTL: types.ModuleType | None
-try:
-    import fcntl as _FCNTL
-except ImportError:  # pragma: no cover - Windows has no flock; appends are then not coordinated
-    _FCNTL = None
 
 if TYPE_CHECKING:
     from loopguard.guard import Decision, Guard, Observation
@@ -123,6 +124,8 @@ MAX_RECORD_BYTES = 2**20
 _MAX_BACKUPS = 100
 _MIN_MAX_BYTES = 1024
 _OPEN_RETRIES = 16
+_LOCK_POLL_SECONDS = 0.001  # how often a waiting writer retries (an append holds the lock for microseconds)
+_POSIX = os.name == "posix"  # Windows locks are mandatory (they would block readers): appends go unlocked
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
@@ -325,13 +328,8 @@ def _finite_or_none(name: str, value: object) -> float | None:
         return None
     if type(value) is float:  # the common case, without the numbers.Real ABC check
         return value if math.isfinite(value) else None
-    if isinstance(value, (bool, np.bool_)):
-        msg = f"`{name}` must be a real number or None (not bool), got {describe(value)}."
-        raise LoopguardTypeError(msg)
-    if not isinstance(value, numbers.Real):
-        msg = f"`{name}` must be a real number or None, got {describe(value)} of type {type(value).__name__}."
-        raise LoopguardTypeError(msg)
-    result = float(value)
+    check_number_type(name, value, numbers.Real, "a real number or None")
+    result = float(cast(numbers.Real, value))
     return result if math.isfinite(result) else None
 
 
@@ -399,17 +397,7 @@ def _check_mapping(value: object) -> None:
 
 
 def _check_explanation(_instance: Any, _attribute: Any, value: Any) -> None:
-    if not isinstance(value, str):
-        msg = f"`explanation` must be a string, got {describe(value)} of type {type(value).__name__}."
-        raise LoopguardTypeError(msg)
-    if "\x00" in value:
-        msg = f"`explanation` must not contain null bytes, got {describe(value)}."
-        raise ConfigError(msg)
-    if len(value) > MAX_EXPLANATION_LENGTH:
-        msg = (
-            f"`explanation` must be at most {MAX_EXPLANATION_LENGTH} characters, got {len(value)} characters."
-        )
-        raise ConfigError(msg)
+    check_text("explanation", value, max_length=MAX_EXPLANATION_LENGTH, allow_empty=True)
 
 
 def _check_step(_instance: Any, _attribute: Any, value: Any) -> None:
@@ -660,11 +648,18 @@ def _refuse_symlink(path: str) -> None:
         raise _SymlinkRefusedError(errno.ELOOP, msg)
 
 
+def _lock(fd: int) -> None:
+    """Wait for the exclusive lock on ``fd`` (filelock's ``flock``: dropped if the process dies)."""
+    from filelock import lock_descriptor  # on the first append: `import loopguard` stays light
+
+    lock_descriptor(fd, poll_interval=_LOCK_POLL_SECONDS)
+
+
 class MitigationLog:
     """Append :class:`MitigationRecord` s to a JSON Lines file, rotating it by size; never raises.
 
     Each :meth:`append` opens the file (``O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW``, mode ``0o644``,
-    parent directories created), takes an exclusive ``flock`` on it, rotates if needed, writes the whole
+    parent directories created), locks it (``filelock``'s ``flock``), rotates if needed, writes the whole
     record line with one ``os.write`` and closes it. Holding no descriptor between appends keeps the
     object picklable (it can be handed to worker processes), lets rotation by another process or by
     ``logrotate`` take effect at the next record, and makes ``close()`` unnecessary. The cost is a few
@@ -675,7 +670,7 @@ class MitigationLog:
     ``path.<backups-1>`` ... ``path.1`` are renamed one number up (``os.replace``, so ``path.<backups>``,
     the oldest, is dropped), ``path`` becomes ``path.1`` and the line starts a new ``path``. With
     ``backups=0`` the old file is deleted instead. A single line longer than ``max_bytes`` gets a file to
-    itself. Several processes may append to the same file: the ``flock`` serialises them and a writer
+    itself. Several processes may append to the same file: the lock serialises them and a writer
     whose file was rotated away reopens ``path`` (POSIX only; on Windows appends are not coordinated, and
     NFS does not honour ``O_APPEND`` atomically).
 
@@ -829,9 +824,9 @@ class MitigationLog:
                 if not stat.S_ISREG(info.st_mode):
                     msg = f"not a regular file: {self._path!r}"
                     raise OSError(errno.EINVAL, msg)
-                if _FCNTL is None:  # pragma: no cover - Windows
+                if not _POSIX:  # pragma: no cover - Windows
                     return fd
-                _FCNTL.flock(fd, _FCNTL.LOCK_EX)
+                _lock(fd)
                 try:
                     current = os.lstat(self._path)
                 except FileNotFoundError:
@@ -922,18 +917,13 @@ def _rotated_paths(path: str) -> list[str]:
 
 
 def _read_bytes(path: str) -> bytes:
-    try:
-        # O_NONBLOCK: opening a FIFO must not hang; it is then refused as not a regular file.
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | _NONBLOCK)
-    except OSError as error:
-        if os.path.islink(path):
-            msg = f"`path` must not be a symlink, got {path!r}."
-            raise InputError(msg) from error
-        raise
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            msg = f"`path` must be a regular file, got {path!r}."
-            raise InputError(msg)
+    def refuse(kind: str) -> Exception:
+        if kind == "a symlink":
+            return InputError(f"`path` must not be a symlink, got {path!r}.")
+        return InputError(f"`path` must be a regular file, got {path!r}.")
+
+    handle, _ = open_regular(path, refuse)
+    with handle:
         return handle.read()
 
 

@@ -43,9 +43,9 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from loopguard._types import VERDICTS
-from loopguard._validation import check_path, describe
+from loopguard._validation import check_path, describe, import_extra
 from loopguard.detectors import HACK_LEVEL, WARN_LEVEL
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, MissingDependencyError
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 from loopguard.log import EVENTS, RunLog, split_runs
 
 if TYPE_CHECKING:
@@ -325,9 +325,13 @@ def _chosen_runs(records: list[Mapping[str, Any]], run: str | None) -> list[RunL
 def _summary_lines(run: RunLog) -> list[str]:
     """The summary of one run's live timeline, then its resumes and failures."""
     checked: list[Mapping[str, Any]] = list(run.records)
-    lines = _decision_lines(checked) if checked else [
-        "Mitigation log: no decision recorded for this run (it stopped before its first observed step)."
-    ]
+    lines = (
+        _decision_lines(checked)
+        if checked
+        else [
+            "Mitigation log: no decision recorded for this run (it stopped before its first observed step)."
+        ]
+    )
     resumes = [int(event["step"]) for event in run.events if event.get("event") == "resume"]
     if resumes:
         text = f"Resumed {len(resumes)} time(s), at step(s) {', '.join(map(str, resumes))}"
@@ -439,14 +443,10 @@ def _output_kind(path: object) -> tuple[str, str]:
 
 
 def _import_matplotlib() -> tuple[Any, Any]:
-    try:
-        import matplotlib  # noqa: F401  - the parent package first, so a missing one is reported as such
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as error:
-        msg = f"render_report needs the `plot` extra: pip install 'loopguard[plot]' ({error})."
-        raise MissingDependencyError(msg) from error
-    return Figure, FigureCanvasAgg
+    hint = "render_report needs the `plot` extra: pip install 'loopguard[plot]' ({error})."
+    # the parent package first, so a missing one is reported as such
+    _, agg, figure = import_extra(hint, "matplotlib", "matplotlib.backends.backend_agg", "matplotlib.figure")
+    return figure.Figure, agg.FigureCanvasAgg
 
 
 def _values(records: Sequence[Mapping[str, Any]], key: str) -> list[float]:
@@ -490,22 +490,15 @@ def _legend(ax: Axes, *args: Any, **kwargs: Any) -> None:
     _literal(ax.legend(*args, **kwargs).get_texts())
 
 
-def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None:
-    from matplotlib.patches import Patch
+def _note(ax: Axes, text: str) -> None:
+    """Write ``text`` in the middle of an empty panel."""
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555")
 
-    steps = [int(record["step"]) for record in records]
-    warn, hack, from_log = _levels(records)
-    source = "from the log" if from_log else "Guard default"
-    _, warm_steps = _warmup(records)
-    beta_axis, vote_axis, signal_axis = figure.subplots(
-        3, 1, sharex=True, gridspec_kw={"height_ratios": [1.0, 1.0, 1.3]}
-    )
-    axes = (beta_axis, vote_axis, signal_axis)
-    if warm_steps:
-        for ax in axes:
-            ax.axvspan(min(warm_steps) - 0.5, max(warm_steps) + 0.5, color="#7f7f7f", alpha=0.12, linewidth=0)
 
-    # (a) beta, with the actions
+def _draw_beta(
+    beta_axis: Axes, axes: Sequence[Axes], steps: list[int], records: Sequence[Mapping[str, Any]]
+) -> None:
+    """Panel (a): beta over the steps, a marker per action, a dashed line on ``axes`` per rollback/stop."""
     betas = _values(records, "beta_after")
     known = [beta for beta in betas if not math.isnan(beta)]
     if known:
@@ -514,15 +507,7 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
         if positive and max(positive) > 10 * min(positive) and len(positive) == len(known):
             beta_axis.set_yscale("log")
     else:
-        beta_axis.text(
-            0.5,
-            0.5,
-            "no beta in this log (log_only)",
-            transform=beta_axis.transAxes,
-            ha="center",
-            va="center",
-            color="#555555",
-        )
+        _note(beta_axis, "no beta in this log (log_only)")
     beta_axis.set_ylabel("beta")
     for action, (marker, colour, label) in _ACTION_STYLE.items():
         hits = [(s, b) for s, b, r in zip(steps, betas, records, strict=True) if r.get("action") == action]
@@ -548,8 +533,11 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
     if beta_axis.get_legend_handles_labels()[0]:
         _legend(beta_axis, loc="upper left", fontsize=8, ncol=3)
 
-    # (b) the vote, the bands, and the verdicts as a strip under the curve
-    _bands(vote_axis, warn, hack, source, label=True)
+
+def _draw_vote(vote_axis: Axes, steps: list[int], records: Sequence[Mapping[str, Any]], warmed: bool) -> None:
+    """Panel (b): the vote over the (already drawn) bands, and the verdicts as a strip under the curve."""
+    from matplotlib.patches import Patch
+
     vote_axis.plot(steps, _values(records, "vote"), color="#333333", linewidth=1.2, label="vote")
     for left, width, verdict in _runs(steps, [str(record["verdict"]) for record in records]):
         vote_axis.broken_barh([(left, width)], (-0.12, 0.07), color=_VERDICT_COLOURS[verdict], linewidth=0)
@@ -559,13 +547,14 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
     for verdict, colour in _VERDICT_COLOURS.items():
         handles.append(Patch(color=colour, label=f"verdict {verdict}"))
         labels.append(f"verdict {verdict}")
-    if warm_steps:
+    if warmed:
         handles.append(Patch(color="#7f7f7f", alpha=0.12))
         labels.append("warm-up")
     _legend(vote_axis, handles, labels, loc="upper left", fontsize=8, ncol=4)
 
-    # (c) each detector's score
-    _bands(signal_axis, warn, hack, source, label=False)
+
+def _draw_signals(signal_axis: Axes, steps: list[int], records: Sequence[Mapping[str, Any]]) -> None:
+    """Panel (c): each detector's score over the (already drawn) bands."""
     names = sorted({name for record in records for name in _scores(record)})
     lines = []
     for name in names:
@@ -576,18 +565,29 @@ def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None
         labels = [_visible(name) for name in names]
         _legend(signal_axis, lines, labels, loc="upper left", fontsize=8, ncol=min(len(names), 5))
     else:
-        signal_axis.text(
-            0.5,
-            0.5,
-            "no signal scores in this log",
-            transform=signal_axis.transAxes,
-            ha="center",
-            va="center",
-            color="#555555",
-        )
+        _note(signal_axis, "no signal scores in this log")
     signal_axis.set_ylim(-0.02, 1.05)
     signal_axis.set_ylabel("signal score")
     signal_axis.set_xlabel("training step")
+
+
+def _draw(figure: Any, records: Sequence[Mapping[str, Any]], title: str) -> None:
+    steps = [int(record["step"]) for record in records]
+    warn, hack, from_log = _levels(records)
+    source = "from the log" if from_log else "Guard default"
+    _, warm_steps = _warmup(records)
+    beta_axis, vote_axis, signal_axis = figure.subplots(
+        3, 1, sharex=True, gridspec_kw={"height_ratios": [1.0, 1.0, 1.3]}
+    )
+    axes = (beta_axis, vote_axis, signal_axis)
+    if warm_steps:
+        for ax in axes:
+            ax.axvspan(min(warm_steps) - 0.5, max(warm_steps) + 0.5, color="#7f7f7f", alpha=0.12, linewidth=0)
+    _draw_beta(beta_axis, axes, steps, records)
+    _bands(vote_axis, warn, hack, source, label=True)
+    _draw_vote(vote_axis, steps, records, bool(warm_steps))
+    _bands(signal_axis, warn, hack, source, label=False)
+    _draw_signals(signal_axis, steps, records)
     for ax in axes:
         ax.grid(True, alpha=0.25)
     figure.suptitle(_visible(title), fontsize=10, parse_math=False, usetex=False)

@@ -35,11 +35,8 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import inspect
 import math
 import numbers
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol, cast
 
@@ -47,6 +44,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from loopguard._reward_fn import CallLog, check_reward_fn, plain_number, reward_name, wrap_reward
 from loopguard._validation import (
     MAX_NGRAM_N,
     MAX_TOKENS_PER_TRAJECTORY,
@@ -400,8 +398,9 @@ def _as_reward(value: object, index: int) -> float | None:
     if isinstance(value, (bool, np.bool_)):
         msg = f"`fn` must return real numbers or None, got {value!r} (bool) at index {index}."
         raise LoopguardTypeError(msg)
-    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
-        return _as_reward(value.item(), index)
+    unwrapped = plain_number(value)
+    if unwrapped is not value:
+        return _as_reward(unwrapped, index)
     if not isinstance(value, numbers.Real):
         msg = f"`fn` must return real numbers or None, got {describe(value)} at index {index}."
         raise LoopguardTypeError(msg)
@@ -431,88 +430,113 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return math.fsum(finite) / len(finite) if finite else None
 
 
-class _Publisher:
-    """Numbers records and publishes them on the wrapper; one lock so records never interleave."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count = 0
-        self.owner: ShapedReward | None = None
-
-    def publish(self, record: ShapingRecord) -> ShapingRecord:
-        with self._lock:
-            self._count += 1
-            record = attrs.evolve(record, call_index=self._count)
-            if self.owner is not None:
-                self.owner.last_call = record
-        return record
-
-
-def _finish(
-    config: ShapingConfig,
-    name: str,
-    publisher: _Publisher,
-    output: object,
-    features: NDArray[np.float64],
-    measure: str,
-    kwargs: dict[str, Any],
-) -> list[float | None]:
-    raw = _raw_rewards(output, len(features))
-    penalty = config.penalty(features)
+def _penalise(raw: list[float | None], penalty: list[float]) -> tuple[list[float | None], list[float | None]]:
+    """Penalties applied and shaped rewards: a ``None`` or non-finite raw reward gets none and stays."""
     penalties: list[float | None] = []
     shaped: list[float | None] = []
-    for value, amount in zip(raw, penalty.tolist(), strict=True):
+    for value, amount in zip(raw, penalty, strict=True):
         if value is None or not math.isfinite(value):
             penalties.append(None)
             shaped.append(value)
         else:
             penalties.append(amount)
             shaped.append(value - amount)
-    publisher.publish(
-        ShapingRecord(
+    return penalties, shaped
+
+
+def _log_unshaped(
+    kwargs: dict[str, Any], name: str, raw: list[float | None], penalties: list[float | None]
+) -> None:
+    """Report the unshaped rewards and penalties through TRL's ``log_extra`` / ``log_metric`` when passed."""
+    log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
+    if callable(log_extra):
+        log_extra(f"{name}/unshaped", raw)
+        log_extra(f"{name}/penalty", penalties)
+    if callable(log_metric):
+        for suffix, values in (("unshaped_mean", raw), ("penalty_mean", penalties)):
+            mean = _mean(values)
+            if mean is not None:
+                log_metric(f"{name}/{suffix}", mean)
+
+
+class _Shaper:
+    """The steps around one wrapped call: measure before it; penalise, publish and log after it."""
+
+    def __init__(self, config: ShapingConfig, name: str) -> None:
+        self.config = config
+        self.name = name
+        self.calls: CallLog[ShapingRecord] = CallLog(keep=1)  # numbers the records; one lock
+        self.owner: ShapedReward | None = None
+
+    def prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[NDArray[np.float64], str]:
+        """Measure the completions (refusing a call without ``completions=``) before ``fn`` runs."""
+        if "completions" not in kwargs:
+            msg = (
+                f"the shaped reward function {self.name!r} must be called with `completions=` as a keyword "
+                "argument (TRL's convention), got keywords "
+                f"{sorted(kwargs)!r}."
+            )
+            raise LoopguardTypeError(msg)
+        return _measure(self.config, kwargs["completions"], kwargs.get("completion_ids"))
+
+    def finish(
+        self,
+        prepared: tuple[NDArray[np.float64], str],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: object,
+    ) -> list[float | None]:
+        """Subtract the penalties from ``fn``'s output, publish the record, log, return the shaped rewards."""
+        features, measure = prepared
+        raw = _raw_rewards(output, len(features))
+        penalties, shaped = _penalise(raw, self.config.penalty(features).tolist())
+        record = ShapingRecord(
             call_index=0,
             global_step=_global_step(kwargs.get("trainer_state")),
-            kind=config.kind,
+            kind=self.config.kind,
             measure=measure,
             features=tuple(features.tolist()),
             raw=tuple(raw),
             penalties=tuple(penalties),
             shaped=tuple(shaped),
         )
-    )
-    if config.log_to_trainer:
-        log_metric, log_extra = kwargs.get("log_metric"), kwargs.get("log_extra")
-        if callable(log_extra):
-            log_extra(f"{name}/unshaped", raw)
-            log_extra(f"{name}/penalty", penalties)
-        if callable(log_metric):
-            for suffix, values in (("unshaped_mean", raw), ("penalty_mean", penalties)):
-                mean = _mean(values)
-                if mean is not None:
-                    log_metric(f"{name}/{suffix}", mean)
-    return shaped
+        self.calls.add(lambda index: self._publish(attrs.evolve(record, call_index=index)))
+        if self.config.log_to_trainer:
+            _log_unshaped(kwargs, self.name, raw, penalties)
+        return shaped
+
+    def _publish(self, record: ShapingRecord) -> ShapingRecord:
+        if self.owner is not None:
+            self.owner.last_call = record
+        return record
 
 
-# --------------------------------------------------------------------------------------------------
-# the wrapper
-
-
-def _unwrap_partial(fn: Callable[..., Any]) -> Any:
-    target: Any = fn
-    while isinstance(target, functools.partial):
-        target = target.func
-    return target
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    """Whether calling ``fn`` returns a coroutine (functions, partials, objects with async ``__call__``)."""
-    target = _unwrap_partial(fn)
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__)
-
-
-def _is_torch_module(fn: object) -> bool:
-    return any(
-        cls.__name__ == "Module" and cls.__module__.startswith("torch.nn") for cls in type(fn).__mro__
+def _resolve_config(
+    kind: object, strength: float, given: dict[str, Any], log_to_trainer: object
+) -> ShapingConfig:
+    """Validate :func:`shape_reward`'s arguments (``given``: the per-kind ones), fill in the defaults."""
+    kind = cast(ShapingKind, check_choice("kind", kind, _KINDS))
+    log_to_trainer = check_bool("log_to_trainer", log_to_trainer)
+    _check_applicable(kind, given, require=False)  # required ones are checked once defaults are filled in
+    values = dict(given)
+    if kind == "length":
+        if values["target_length"] is not None and values["scale"] is None:
+            length0 = check_int("target_length", values["target_length"], lo=0, hi=MAX_TOKENS_PER_TRAJECTORY)
+            values["scale"] = float(max(length0, 1))
+        values["unit"] = "auto" if values["unit"] is None else values["unit"]
+    elif kind == "repetition":
+        values["n"] = 2 if values["n"] is None else values["n"]
+        values["unit"] = "auto" if values["unit"] is None else values["unit"]
+    if isinstance(values["sentinels"], list):
+        values["sentinels"] = tuple(values["sentinels"])
+    config = ShapingConfig(kind=kind, strength=strength, log_to_trainer=log_to_trainer, **values)
+    # attrs validated the values; store them normalised (float strength, int lengths).
+    return attrs.evolve(
+        config,
+        strength=float(config.strength),
+        target_length=None if config.target_length is None else int(config.target_length),
+        scale=None if config.scale is None else float(config.scale),
+        n=None if config.n is None else int(config.n),
     )
 
 
@@ -646,96 +670,14 @@ def shape_reward(
         Zihan Wang, Kangrui Wang, Qineng Wang, et al. (2025). "RAGEN: Understanding Self-Evolution in LLM
         Agents via Multi-Turn Reinforcement Learning." arXiv:2504.20073 (the repetition "echo trap").
     """  # noqa: E501
-    candidate: object = fn
-    if not callable(candidate):
-        msg = f"`fn` must be callable, got {describe(candidate)} of type {type(candidate).__name__}."
-        raise LoopguardTypeError(msg)
-    if _is_torch_module(candidate):
-        msg = (
-            f"`fn` must be a reward function, got a torch module ({type(fn).__name__}); TRL calls reward "
-            "models with tokenised inputs, so wrap a function that scores completions instead."
-        )
-        raise LoopguardTypeError(msg)
-    kind = cast(ShapingKind, check_choice("kind", kind, _KINDS))
-    log_to_trainer = check_bool("log_to_trainer", log_to_trainer)
-    given: dict[str, object] = {
-        "target_length": target_length,
-        "scale": scale,
-        "n": n,
-        "unit": unit,
-        "sentinels": sentinels,
-    }
-    _check_applicable(kind, given, require=False)  # required ones are checked once defaults are filled in
-
-    if kind == "length":
-        if target_length is not None and scale is None:
-            length0 = check_int("target_length", target_length, lo=0, hi=MAX_TOKENS_PER_TRAJECTORY)
-            scale = float(max(length0, 1))
-        unit = "auto" if unit is None else unit
-    elif kind == "repetition":
-        n = 2 if n is None else n
-        unit = "auto" if unit is None else unit
-    if isinstance(sentinels, list):
-        sentinels = tuple(sentinels)
-    config = ShapingConfig(
-        kind=kind,
-        strength=strength,
-        target_length=target_length,
-        scale=scale,
-        n=n,
-        unit=unit,
-        sentinels=cast("tuple[str, ...] | None", sentinels),
-        log_to_trainer=log_to_trainer,
-    )
-    # attrs validated the values; store them normalised (float strength, int lengths).
-    config = attrs.evolve(
-        config,
-        strength=float(config.strength),
-        target_length=None if config.target_length is None else int(config.target_length),
-        scale=None if config.scale is None else float(config.scale),
-        n=None if config.n is None else int(config.n),
-    )
-
-    target = _unwrap_partial(fn)
-    name = str(getattr(target, "__name__", type(target).__name__))
-    publisher = _Publisher()
-
-    def _features(kwargs: dict[str, Any]) -> tuple[NDArray[np.float64], str]:
-        if "completions" not in kwargs:
-            msg = (
-                f"the shaped reward function {name!r} must be called with `completions=` as a keyword "
-                "argument (TRL's convention), got keywords "
-                f"{sorted(kwargs)!r}."
-            )
-            raise LoopguardTypeError(msg)
-        return _measure(config, kwargs["completions"], kwargs.get("completion_ids"))
-
-    wrapper: Callable[..., Any]
-    if _is_async(fn):
-
-        async def async_wrapper(*args: Any, **kwargs: Any) -> list[float | None]:
-            features, measure = _features(kwargs)
-            output = await fn(*args, **kwargs)
-            return _finish(config, name, publisher, output, features, measure, kwargs)
-
-        wrapper = async_wrapper
-    else:
-
-        def sync_wrapper(*args: Any, **kwargs: Any) -> list[float | None]:
-            features, measure = _features(kwargs)
-            output = fn(*args, **kwargs)
-            return _finish(config, name, publisher, output, features, measure, kwargs)
-
-        wrapper = sync_wrapper
-
-    functools.update_wrapper(wrapper, fn)
+    check_reward_fn("fn", fn, ", so wrap a function that scores completions instead.")
+    given = {"target_length": target_length, "scale": scale, "n": n, "unit": unit, "sentinels": sentinels}
+    config = _resolve_config(kind, strength, given, log_to_trainer)
+    shaper = _Shaper(config, reward_name(fn))
+    wrapper = wrap_reward(fn, shaper.finish, prepare=shaper.prepare, copy_attributes=True, module=__name__)
     shaped = cast(ShapedReward, wrapper)
-    shaped.__name__ = name
-    shaped.__qualname__ = str(getattr(target, "__qualname__", name))
-    shaped.__doc__ = getattr(target, "__doc__", None)
-    shaped.__module__ = str(getattr(target, "__module__", None) or __name__)
     shaped.unshaped = fn
     shaped.shaping = config
     shaped.last_call = None
-    publisher.owner = shaped
+    shaper.owner = shaped
     return shaped

@@ -37,18 +37,19 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
 
+from loopguard._reward_fn import real_or_none
 from loopguard.adapters._tap import TappedReward, TapRecord, completion_text, is_tapped, prompt_text
 from loopguard.exceptions import LoopguardError
 
 
 class SourceError(LoopguardError, RuntimeError):
     """What the trainer produced for a batch cannot be read (the message says what and why)."""
+
 
 __all__ = [
     "Batch",
@@ -64,14 +65,7 @@ __all__ = [
 
 
 def _finite(value: object) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return None
-    result = float(value)
-    return result if math.isfinite(result) else None
+    return real_or_none(value, refuse=False)
 
 
 def _first(*values: float | None) -> float | None:

@@ -22,20 +22,14 @@ Example:
 
 from __future__ import annotations
 
-import functools
-import inspect
-import math
-import numbers
-import threading
 import warnings
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast
 
 import attrs
 
-from loopguard._validation import check_int, describe
-from loopguard.exceptions import LoopguardTypeError
+from loopguard._reward_fn import CallLog, check_reward_fn, real_or_none, reward_name, wrap_reward
+from loopguard._validation import check_int
 from loopguard.shaping import _completion_text
 
 __all__ = ["TapRecord", "TappedReward", "completion_text", "is_tapped", "prompt_text", "tap"]
@@ -79,15 +73,7 @@ def prompt_text(prompt: object) -> str:
 
 
 def _reward(value: object) -> float | None:
-    if value is None:
-        return None
-    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        msg = f"reward must be a real number or None, got {describe(value)}"
-        raise TypeError(msg)
-    result = float(value)
-    return result if math.isfinite(result) else None
+    return real_or_none(value, refuse=True)
 
 
 def _ids(value: object) -> tuple[tuple[int, ...], ...] | None:
@@ -161,49 +147,36 @@ def is_tapped(fn: object) -> bool:
     return callable(fn) and callable(getattr(fn, "records", None)) and hasattr(fn, "tapped")
 
 
-def _unwrap_partial(fn: Any) -> Any:
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return fn
-
-
-def _is_async(fn: Callable[..., Any]) -> bool:
-    target = _unwrap_partial(fn)
-    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__)
-
-
 class _Recorder:
-    """Thread-safe bounded store of :class:`TapRecord` s, one per wrapper."""
+    """Thread-safe bounded store of :class:`TapRecord` s, one per wrapper (its ``finish`` step)."""
 
-    def __init__(self, name: str, max_calls: int) -> None:
-        self.name = name
-        self.lock = threading.Lock()
-        self.count = 0
-        self.calls: deque[TapRecord] = deque(maxlen=max_calls)
+    def __init__(self, fn: Any, max_calls: int) -> None:
+        self.fn = fn
+        self.name = reward_name(fn)
+        self.calls: CallLog[TapRecord] = CallLog(keep=max_calls)
         self.warned = False
 
-    def record(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    def record(self, _prepared: None, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        """Record one call of the tapped function and return its ``output`` unchanged."""
         try:
             completions = kwargs.get("completions", args[1] if len(args) > 1 else None)
             prompts = kwargs.get("prompts", args[0] if args else None)
             if completions is None or output is None:
-                return
-            last_call = getattr(fn, "last_call", None)
-            unshaped = getattr(last_call, "raw", None) if hasattr(fn, "shaping") else None
+                return output
+            last_call = getattr(self.fn, "last_call", None)
+            unshaped = getattr(last_call, "raw", None) if hasattr(self.fn, "shaping") else None
             step = getattr(kwargs.get("trainer_state"), "global_step", None)
-            with self.lock:
-                self.count += 1
-                self.calls.append(
-                    TapRecord(
-                        index=self.count,
-                        global_step=step if isinstance(step, int) and not isinstance(step, bool) else None,
-                        prompts=None if prompts is None else tuple(prompt_text(p) for p in prompts),
-                        completions=tuple(completion_text(c) for c in completions),
-                        completion_ids=_ids(kwargs.get("completion_ids")),
-                        rewards=tuple(_reward(value) for value in output),
-                        unshaped=None if unshaped is None else tuple(_reward(value) for value in unshaped),
-                    )
+            self.calls.add(
+                lambda index: TapRecord(
+                    index=index,
+                    global_step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+                    prompts=None if prompts is None else tuple(prompt_text(p) for p in prompts),
+                    completions=tuple(completion_text(c) for c in completions),
+                    completion_ids=_ids(kwargs.get("completion_ids")),
+                    rewards=tuple(_reward(value) for value in output),
+                    unshaped=None if unshaped is None else tuple(_reward(value) for value in unshaped),
                 )
+            )
         except Exception as error:  # recording must never break the reward call
             if not self.warned:
                 self.warned = True
@@ -213,15 +186,10 @@ class _Recorder:
                     RuntimeWarning,
                     stacklevel=3,
                 )
+        return output
 
     def records(self, after: int = 0) -> list[TapRecord]:
-        after = check_int("after", after, lo=0)
-        with self.lock:
-            return [record for record in self.calls if record.index > after]
-
-    def clear(self) -> None:
-        with self.lock:
-            self.calls.clear()
+        return self.calls.since(check_int("after", after, lo=0))
 
 
 def tap(reward_fn: Callable[..., Any], *, max_calls: int = _DEFAULT_MAX_CALLS) -> TappedReward:
@@ -254,7 +222,7 @@ def tap(reward_fn: Callable[..., Any], *, max_calls: int = _DEFAULT_MAX_CALLS) -
         ConfigError: ``max_calls`` out of range.
 
     Example:
-        >>> import asyncio
+        >>> import asyncio, inspect
         >>> async def judge(prompts, completions, **kwargs):
         ...     return [len(c) / 10 for c in completions]
         >>> tapped = tap(judge)
@@ -266,52 +234,14 @@ def tap(reward_fn: Callable[..., Any], *, max_calls: int = _DEFAULT_MAX_CALLS) -
         >>> record.completions, record.completion_ids, record.rewards
         (('abcde',), ((5, 6),), (0.5,))
     """
-    if not callable(reward_fn):
-        msg = f"`reward_fn` must be callable, got {describe(reward_fn)} of type {type(reward_fn).__name__}."
-        raise LoopguardTypeError(msg)
-    if any(
-        cls.__name__ == "Module" and cls.__module__.startswith("torch.nn") for cls in type(reward_fn).__mro__
-    ):
-        msg = (
-            f"`reward_fn` must be a reward function, got a torch module ({type(reward_fn).__name__}); TRL "
-            "calls reward models with tokenised inputs. GRPO and RLOO need no tap: the mitigator reads their "
-            "rewards."
-        )
-        raise LoopguardTypeError(msg)
+    check_reward_fn("reward_fn", reward_fn, ". GRPO and RLOO need no tap: the mitigator reads their rewards.")
     max_calls = check_int("max_calls", max_calls, lo=1, hi=100_000)
-    target = _unwrap_partial(reward_fn)
-    name = str(getattr(target, "__name__", type(target).__name__))
-    recorder = _Recorder(name, max_calls)
-    fn = reward_fn
-
-    wrapper: Callable[..., Any]
-    if _is_async(fn):
-
-        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            output = await fn(*args, **kwargs)
-            recorder.record(fn, args, kwargs, output)
-            return output
-
-        wrapper = async_wrapper
-    else:
-
-        def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            output = fn(*args, **kwargs)
-            recorder.record(fn, args, kwargs, output)
-            return output
-
-        wrapper = sync_wrapper
-
-    functools.update_wrapper(
-        wrapper, fn, updated=()
-    )  # no __dict__ copy: a shaped reward's last_call would go stale
+    recorder = _Recorder(reward_fn, max_calls)
+    # no __dict__ copy: a shaped reward's last_call would go stale
+    wrapper = wrap_reward(reward_fn, recorder.record, copy_attributes=False, module=__name__)
     tapped = cast(TappedReward, wrapper)
-    tapped.__name__ = name
-    tapped.__qualname__ = str(getattr(target, "__qualname__", name))
-    tapped.__doc__ = getattr(target, "__doc__", None)
-    tapped.__module__ = str(getattr(target, "__module__", None) or __name__)
     tapped.tapped = reward_fn
     tapped.max_calls = max_calls
     tapped.records = recorder.records  # type: ignore[method-assign]
-    tapped.clear = recorder.clear  # type: ignore[method-assign]
+    tapped.clear = recorder.calls.clear  # type: ignore[method-assign]
     return tapped

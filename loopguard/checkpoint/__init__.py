@@ -29,16 +29,13 @@ Example:
     >>> store.cleanup()
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
-from loopguard.exceptions import MissingDependencyError
+from loopguard._validation import import_extra
 
-try:
-    import safetensors.torch  # noqa: F401
-    import torch  # noqa: F401
-except ImportError as _error:  # pragma: no cover - exercised only without the extra
-    _msg = "CheckpointManager needs the `hf` extra: pip install 'loopguard[hf]'"
-    raise MissingDependencyError(_msg) from _error
+_HINT = "CheckpointManager needs the `hf` extra: pip install 'loopguard[hf]'"
+import_extra(_HINT, "safetensors.torch", "torch")  # before the submodules import them (hence E402 below)
 
 from loopguard.checkpoint._io import CheckpointError, CheckpointWriteError
 from loopguard.checkpoint._manager import (

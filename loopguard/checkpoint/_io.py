@@ -3,14 +3,22 @@
 Everything here works relative to an open directory file descriptor (``dir_fd``) and opens with
 ``O_NOFOLLOW``, so a symlink swapped in between a check and a use is refused by the kernel rather than
 followed. Writes are hashed (SHA-256) as they stream out and ``fsync``-ed before the file is closed; renames
-are followed by an ``fsync`` of the directory that holds them, so a completed rename survives power loss on
-file systems that honour ``fsync``.
+go through :func:`loopguard._saved_state.replace_durably` (an ``fsync`` of the directory follows each), so a
+completed rename survives power loss on file systems that honour ``fsync``. Small files (``good.json``,
+``run.json``) are replaced through :func:`loopguard._saved_state.atomic_target`, filled by the same
+hashing writer.
+
+Writers of one store serialise on an exclusive lock of ``<store>/.lock``, taken with ``filelock``'s
+``lock_descriptor`` on a descriptor opened here (``O_NOFOLLOW`` through the store's directory descriptor,
+then checked with ``fstat``); the kernel releases it when the process dies, so a temporary directory found
+while holding it is a dead save's.
 
 The safetensors writer streams one tensor at a time (so saving never holds a second copy of the whole
 model in memory) and produces the layout the official reader expects: an 8-byte little-endian header
 length, a JSON header padded with spaces to a multiple of 8 bytes, then the tensor bytes back to back,
 largest element size first so every tensor is aligned to its element size. Reading always goes through the
-``safetensors`` library.
+``safetensors`` library. Hand-written because ``safetensors.torch.save_file`` needs a second copy of the
+whole state in memory and cannot write relative to a directory descriptor or hash while it writes.
 
 Hostile entries and a failing disk: whatever is read must be a regular file -- it is checked with ``lstat``
 before it is opened (a FIFO, socket or device is never opened) and opened with ``O_NONBLOCK`` and checked
@@ -39,15 +47,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from filelock import lock_descriptor
 
+from loopguard._saved_state import atomic_target
 from loopguard.exceptions import CheckpointError, CheckpointWriteError
-
-try:
-    import fcntl
-except (
-    ImportError
-):  # pragma: no cover - Windows: on-disk stores are refused there, in-memory ones need no lock
-    fcntl = None  # type: ignore[assignment]
 
 __all__ = [
     "MAX_JSON_DEPTH",
@@ -57,7 +60,6 @@ __all__ = [
     "HashingWriter",
     "disk_error",
     "entry_kind",
-    "fsync_dir",
     "load_json",
     "locked",
     "open_child_dir",
@@ -66,7 +68,6 @@ __all__ = [
     "read_small",
     "read_verified",
     "remove_tree",
-    "rename",
     "write_file",
     "write_safetensors",
     "write_small_atomic",
@@ -81,6 +82,7 @@ _MAX_WRITE = 1 << 30
 _READ_CHUNK = 8 << 20  # Linux caps one write() at 0x7ffff000 bytes; stay well under it
 _LOCK_NAME = ".lock"
 _LOCK_UNSUPPORTED = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+_LOCK_POLL_SECONDS = 0.01  # how often a waiting writer retries (saves hold the lock for seconds)
 _lock_warned = False
 _MAX_TREE_DEPTH = 16  # the store never nests directories: a checkpoint directory holds only files
 
@@ -130,17 +132,6 @@ def open_child_dir(name: str, dir_fd: int) -> int:
     return os.open(name, os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC, dir_fd=dir_fd)
 
 
-def fsync_dir(dir_fd: int) -> None:
-    """``fsync`` a directory so the entries created or renamed in it are durable."""
-    os.fsync(dir_fd)
-
-
-def rename(src: str, dst: str, dir_fd: int) -> None:
-    """Rename an entry inside ``dir_fd`` and make the rename durable."""
-    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    fsync_dir(dir_fd)
-
-
 def _lock_refused(root: str, kind: str) -> CheckpointError:
     path = os.path.join(root, _LOCK_NAME)
     msg = (
@@ -152,7 +143,7 @@ def _lock_refused(root: str, kind: str) -> CheckpointError:
 
 @contextlib.contextmanager
 def locked(root_fd: int, root: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``<root>/.lock`` (released by the kernel if the process dies).
+    """Hold an exclusive lock on ``<root>/.lock`` (``filelock``'s ``flock``: released if the process dies).
 
     Savers, pruners and markers of one store serialise on this lock, so a temporary directory seen while
     holding it belongs to a save that died. File systems without ``flock`` (some Lustre mounts) get a
@@ -184,8 +175,7 @@ def locked(root_fd: int, root: str) -> Iterator[None]:
         if not stat.S_ISREG(mode):
             raise _lock_refused(root, _describe_kind(mode))
         try:
-            if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
+            lock_descriptor(fd, poll_interval=_LOCK_POLL_SECONDS)
         except OSError as error:
             if error.errno not in _LOCK_UNSUPPORTED:
                 raise
@@ -563,27 +553,22 @@ def load_json(data: bytes) -> Any:
 def write_small_atomic(
     dir_fd: int, name: str, data: bytes, temp_prefix: str, where: str | None = None
 ) -> None:
-    """Replace ``name`` in ``dir_fd`` atomically: write a temporary sibling, fsync, rename, fsync the dir.
+    """Replace ``name`` in ``dir_fd`` atomically (:func:`~loopguard._saved_state.atomic_target`).
 
     Raises:
         CheckpointWriteError: the disk failed (full, quota, I/O error); ``name`` is unchanged and the
             temporary file removed. ``where`` is the path of ``dir_fd``, for messages.
     """
-    temp = f"{temp_prefix}{random_suffix()}"
     directory = "." if where is None else where
 
     def produce(writer: HashingWriter) -> None:
         writer.write(data)
 
     try:
-        write_file(dir_fd, temp, produce, where)
-        rename(temp, name, dir_fd)
-    except BaseException as error:
-        with contextlib.suppress(OSError):
-            os.unlink(temp, dir_fd=dir_fd)
-        if isinstance(error, OSError):
-            raise disk_error(error, directory, f"{os.path.join(directory, name)} is unchanged") from error
-        raise
+        with atomic_target(name, dir_fd=dir_fd, temp_prefix=temp_prefix) as temp:
+            write_file(dir_fd, temp, produce, where)
+    except OSError as error:
+        raise disk_error(error, directory, f"{os.path.join(directory, name)} is unchanged") from error
 
 
 def remove_tree(name: str, dir_fd: int, _depth: int = 0) -> None:

@@ -14,13 +14,16 @@ On disk a store is one directory::
         rollout_buffer.safetensors, rollout_buffer.json   the rollout buffer's tensors and JSON values
         extra_state.json        e.g. Guard.state_dict()
       good.json                 which steps are marked good (replaced atomically)
-      .lock                     flock serialising writers of this store
+      .lock                     lock file serialising writers of this store (filelock, flock)
       .tmp-step-...-<hex>/      a save in progress (or one that died); never listed, removed on next use
       .del-step-...-<hex>/      a pruned checkpoint being deleted; never listed, removed on next use
 
 A save writes everything into a ``.tmp-`` sibling, ``fsync``-s each file and the directory, renames it to
 ``step-N`` in one atomic ``rename`` and ``fsync``-s the parent. A directory named ``step-N`` therefore
 always holds a complete checkpoint, whatever moment the process was killed at.
+
+Hand-written because the Trainer's, Accelerate's and ``torch.distributed.checkpoint``'s checkpoints neither
+verify every byte before loading nor keep which steps are rollback targets.
 """
 
 from __future__ import annotations
@@ -48,12 +51,12 @@ import safetensors.torch
 import torch
 
 from loopguard._run import RUN_ID_PATTERN, check_run_id
+from loopguard._saved_state import replace_durably
 from loopguard._validation import check_bool, check_choice, check_int, check_path, describe
 from loopguard.checkpoint._io import (
     CheckpointError,
     disk_error,
     entry_kind,
-    fsync_dir,
     load_json,
     locked,
     open_child_dir,
@@ -62,7 +65,6 @@ from loopguard.checkpoint._io import (
     read_small,
     read_verified,
     remove_tree,
-    rename,
     write_file,
     write_safetensors,
     write_small_atomic,
@@ -526,10 +528,10 @@ class CheckpointManager:
                     files = _write_parts(temp_fd, snapshot, temp_path)
                     manifest = _dumps(_manifest(snapshot, files, self._run), indent=2)
                     write_file(temp_fd, MANIFEST, lambda writer: _write_bytes(writer, manifest), temp_path)
-                    fsync_dir(temp_fd)
+                    os.fsync(temp_fd)  # the entries created in it are durable before the rename
                 finally:
                     os.close(temp_fd)
-                rename(temp, final, root_fd)
+                replace_durably(temp, final, dir_fd=root_fd)
             except BaseException as error:
                 with contextlib.suppress(OSError):  # the next save or construction retries the clean-up
                     remove_tree(temp, root_fd)
@@ -619,63 +621,67 @@ class CheckpointManager:
             "ref_model": ref_model is not None,
             "rng": rng,
         }
-        if self._in_memory:
-            target = self._resolve(step, before_step, self._memory, self._memory_good)
-            snapshot = self._memory[target]
-            self._require_own(f"in-memory checkpoint of step {target}", self._memory_runs.get(target))
-            _require_parts(f"in-memory checkpoint of step {target}", snapshot, wanted)
+
+        def load(where: str, snapshot: Snapshot, *, clone: bool) -> None:
             apply_snapshot(
-                f"in-memory checkpoint of step {target}",
+                where,
                 snapshot,
                 model=model,
                 optimizer=optimizer,
                 scheduler=scheduler,
                 ref_model=ref_model,
                 rng=rng,
-                clone=True,
+                clone=clone,
             )
-            if discard_newer:
-                for dropped in [other for other in self._memory if other > target]:
-                    del self._memory[dropped]
-                    self._memory_good.discard(dropped)
-            rollout = None if snapshot.rollout is None else snapshot.rollout.cloned().as_dict()
-            extra = None if snapshot.extra_state is None else json_copy(snapshot.extra_state)
-            return RestoredCheckpoint(
-                target, None, target in self._memory_good, snapshot.created, extra, rollout
-            )
+
+        if self._in_memory:
+            return self._restore_memory(step, before_step, wanted, load, discard_newer)
+        return self._restore_disk(step, before_step, wanted, load, discard_newer)
+
+    def _restore_memory(
+        self, step: object, before_step: object, wanted: Mapping[str, bool], load: _Load, discard_newer: bool
+    ) -> RestoredCheckpoint:
+        target = self._resolve(step, before_step, self._memory, self._memory_good)
+        snapshot = self._memory[target]
+        where = f"in-memory checkpoint of step {target}"
+        self._require_own(where, self._memory_runs.get(target))
+        _require_parts(where, snapshot, wanted)
+        load(where, snapshot, clone=True)
+        if discard_newer:
+            for dropped in [other for other in self._memory if other > target]:
+                del self._memory[dropped]
+                self._memory_good.discard(dropped)
+        rollout = None if snapshot.rollout is None else snapshot.rollout.cloned().as_dict()
+        extra = None if snapshot.extra_state is None else json_copy(snapshot.extra_state)
+        return RestoredCheckpoint(target, None, target in self._memory_good, snapshot.created, extra, rollout)
+
+    def _restore_disk(
+        self, step: object, before_step: object, wanted: Mapping[str, bool], load: _Load, discard_newer: bool
+    ) -> RestoredCheckpoint:
         with self._open() as root_fd, locked(root_fd, self._disk_root()):
             steps = self._scan(root_fd)
             good = self._read_good(root_fd) & set(steps)
             target = self._resolve(step, before_step, steps, good)
             snapshot = self._load(root_fd, target, wanted)
             where = os.path.join(self._disk_root(), _step_name(target))
-            apply_snapshot(
-                f"checkpoint {where}",
-                snapshot,
-                model=model,
-                optimizer=optimizer,
-                scheduler=scheduler,
-                ref_model=ref_model,
-                rng=rng,
-                clone=False,
-            )
+            load(f"checkpoint {where}", snapshot, clone=False)
             if discard_newer:
-                newer = [other for other in steps if other > target]
-                try:
-                    if good & set(newer):
-                        self._write_good(root_fd, good - set(newer))  # unmark first: the critical part
-                    for other in newer:
-                        self._delete(root_fd, other)
-                except (OSError, CheckpointError) as error:  # the restore succeeded: report, do not undo it
-                    warnings.warn(
-                        f"restored {where}, but discarding the newer checkpoints {newer} failed: {error}",
-                        RuntimeWarning,
-                        stacklevel=2,
-                    )
+                self._discard_newer(root_fd, where, [other for other in steps if other > target], good)
         rollout = None if snapshot.rollout is None else snapshot.rollout.as_dict()
         return RestoredCheckpoint(
             target, Path(where), target in good, snapshot.created, snapshot.extra_state, rollout
         )
+
+    def _discard_newer(self, root_fd: int, where: str, newer: list[int], good: set[int]) -> None:
+        """Unmark and delete the checkpoints after a restored one; a failure warns (the restore stands)."""
+        try:
+            self._forget(root_fd, newer, good)
+        except (OSError, CheckpointError) as error:  # the restore succeeded: report, do not undo it
+            warnings.warn(
+                f"restored {where}, but discarding the newer checkpoints {newer} failed: {error}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def verify(self, step: StepSpec) -> None:
         """Check a checkpoint completely without loading it into anything (as :meth:`restore` would).
@@ -814,11 +820,7 @@ class CheckpointManager:
         with self._open() as root_fd, locked(root_fd, self._disk_root()):
             steps = self._scan(root_fd)
             newer = [other for other in steps if other > after]
-            good = self._read_good(root_fd) & set(steps)
-            if good & set(newer):
-                self._write_good(root_fd, good - set(newer))  # unmark first: the critical part
-            for other in newer:
-                self._delete(root_fd, other)
+            self._forget(root_fd, newer, self._read_good(root_fd) & set(steps))
         return newer
 
     # ------------------------------------------------------------------------------------ internals
@@ -928,17 +930,24 @@ class CheckpointManager:
 
     def _delete(self, root_fd: int, step: int) -> None:
         doomed = f".del-{_step_name(step)}-{random_suffix()}"
-        rename(_step_name(step), doomed, root_fd)  # atomic: never a half-deleted step-N
+        replace_durably(_step_name(step), doomed, dir_fd=root_fd)  # atomic: never a half-deleted step-N
         self._remove_entry(root_fd, doomed)
 
     def _prune(self, root_fd: int, steps: list[int]) -> None:
         good = self._read_good(root_fd) & set(steps)
         keep = steps_to_keep(steps, good, self._keep_last)
         doomed = [step for step in steps if step not in keep]
-        if not doomed:
-            return
+        if doomed:
+            self._forget(root_fd, doomed, good)
+
+    def _forget(self, root_fd: int, doomed: Collection[int], good: set[int]) -> None:
+        """Delete the checkpoints ``doomed``, unmarking the good ones among them first.
+
+        Unmarked first: a crash in between leaves an unmarked survivor, never a good mark without its
+        checkpoint.
+        """
         if good & set(doomed):
-            self._write_good(root_fd, good - set(doomed))  # unmark first: a crash leaves an unmarked survivor
+            self._write_good(root_fd, good - set(doomed))
         for step in doomed:
             self._delete(root_fd, step)
 
@@ -1022,6 +1031,10 @@ class CheckpointManager:
             return _decode(where, manifest, read, loaded)
         finally:
             os.close(dir_fd)
+
+
+_Load = Callable[..., None]
+"""``load(where, snapshot, *, clone)``: check a snapshot against the live objects of a restore and load it."""
 
 
 class _RootHandle:

@@ -16,7 +16,7 @@ import math
 import random
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import attrs
@@ -470,46 +470,49 @@ class RngState:
             torch.cuda.set_rng_state(self.cuda[index].clone(), index)
 
 
+def _map_numpy_state(state: Mapping[str, Any], leaf: Callable[[Any], Any]) -> dict[str, Any]:
+    """Copy a nested numpy RNG state with ``leaf`` applied to every value that is not a nested mapping.
+
+    ``leaf`` sees (and may transform) an encoded array ``{"__ndarray__": ..., "values": ...}`` whole.
+    """
+    return {
+        key: _map_numpy_state(value, leaf)
+        if isinstance(value, Mapping) and "__ndarray__" not in value
+        else leaf(value)
+        for key, value in state.items()
+    }
+
+
+def _copy_leaf(value: Any) -> Any:
+    return value.copy() if isinstance(value, np.ndarray) else value
+
+
+def _leaf_to_json(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": str(value.dtype), "values": value.tolist()}
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _leaf_from_json(value: Any) -> Any:
+    if not (isinstance(value, Mapping) and "__ndarray__" in value):
+        return value
+    dtype = np.dtype(value["__ndarray__"])
+    if dtype.kind not in "iu":
+        msg = f"numpy state array of dtype {dtype}"
+        raise ValueError(msg)
+    return np.asarray(value["values"], dtype=dtype)
+
+
 def _copy_numpy_state(state: Mapping[str, Any]) -> dict[str, Any]:
-    copied: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, Mapping):
-            copied[key] = _copy_numpy_state(value)
-        elif isinstance(value, np.ndarray):
-            copied[key] = value.copy()
-        else:
-            copied[key] = value
-    return copied
+    return _map_numpy_state(state, _copy_leaf)
 
 
 def _numpy_to_json(state: Mapping[str, Any]) -> dict[str, Any]:
-    encoded: dict[str, Any] = {}
-    for key, value in state.items():
-        if isinstance(value, Mapping):
-            encoded[key] = _numpy_to_json(value)
-        elif isinstance(value, np.ndarray):
-            encoded[key] = {"__ndarray__": str(value.dtype), "values": value.tolist()}
-        elif isinstance(value, np.generic):
-            encoded[key] = value.item()
-        else:
-            encoded[key] = value
-    return encoded
+    return _map_numpy_state(state, _leaf_to_json)
 
 
 def _numpy_from_json(document: Mapping[str, Any]) -> dict[str, Any]:
-    decoded: dict[str, Any] = {}
-    for key, value in document.items():
-        if isinstance(value, Mapping) and "__ndarray__" in value:
-            dtype = np.dtype(value["__ndarray__"])
-            if dtype.kind not in "iu":
-                msg = f"numpy state array of dtype {dtype}"
-                raise ValueError(msg)
-            decoded[key] = np.asarray(value["values"], dtype=dtype)
-        elif isinstance(value, Mapping):
-            decoded[key] = _numpy_from_json(value)
-        else:
-            decoded[key] = value
-    return decoded
+    return _map_numpy_state(document, _leaf_from_json)
 
 
 # ------------------------------------------------------------------------------------------------ buffers
@@ -607,11 +610,16 @@ class Snapshot:
     extra_state: dict[str, Any] | None
 
 
-def _check_optimizer(where: str, saved: TorchState, optimizer: Stateful) -> None:
-    live_class = unwrapped_class(optimizer, "optimizer")
+def _check_class(where: str, saved: TorchState, live: Stateful, name: str) -> None:
+    """Refuse a saved ``name`` state (optimizer, scheduler) that another class produced."""
+    live_class = unwrapped_class(live, name)
     if saved.class_name != live_class:
-        msg = f"{where} holds {saved.class_name} optimizer state, but `optimizer` is {live_class}."
+        msg = f"{where} holds {saved.class_name} {name} state, but `{name}` is {live_class}."
         raise CheckpointError(msg)
+
+
+def _check_optimizer(where: str, saved: TorchState, optimizer: Stateful) -> None:
+    _check_class(where, saved, optimizer, "optimizer")
     live = optimizer.state_dict()
     state = saved.state
     if not isinstance(state, dict) or not isinstance(live, dict):
@@ -640,10 +648,7 @@ def _check_optimizer(where: str, saved: TorchState, optimizer: Stateful) -> None
 
 
 def _check_scheduler(where: str, saved: TorchState, scheduler: Stateful) -> None:
-    live_class = unwrapped_class(scheduler, "scheduler")
-    if saved.class_name != live_class:
-        msg = f"{where} holds {saved.class_name} scheduler state, but `scheduler` is {live_class}."
-        raise CheckpointError(msg)
+    _check_class(where, saved, scheduler, "scheduler")
     live = scheduler.state_dict()
     if isinstance(live, dict) and (not isinstance(saved.state, dict) or set(saved.state) != set(live)):
         keys = sorted(saved.state) if isinstance(saved.state, dict) else type(saved.state).__name__

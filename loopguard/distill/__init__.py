@@ -24,15 +24,13 @@ Example:
     True
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
-from loopguard.exceptions import MissingDependencyError
+from loopguard._validation import import_extra
 
-try:
-    import torch  # noqa: F401
-except ImportError as _error:  # pragma: no cover - exercised only without the extra
-    _msg = "loopguard.distill needs the `hf` extra: pip install 'loopguard[hf]'"
-    raise MissingDependencyError(_msg) from _error
+_HINT = "loopguard.distill needs the `hf` extra: pip install 'loopguard[hf]'"
+import_extra(_HINT, "torch")  # before the submodules import it (hence E402 below)
 
 from loopguard.distill._common import MAX_VOCAB_SIZE, Reduction
 from loopguard.distill._mapping import TokenMapping, normalize_piece, topk_align

@@ -19,7 +19,7 @@ import torch
 from numpy.typing import NDArray
 
 from loopguard._validation import MAX_TRAJECTORIES, as_int_array, check_int, describe
-from loopguard.distill._common import MAX_VOCAB_SIZE, check_logits
+from loopguard.distill._common import MAX_VOCAB_SIZE, check_logits, check_prob_rows
 from loopguard.distill._uld import _sorted_l1
 from loopguard.exceptions import InputError, LoopguardTypeError
 
@@ -208,16 +208,7 @@ def topk_align(
         msg = f"`mapping` must be a TokenMapping, got {describe(mapping)} of type {type(mapping).__name__}."
         raise LoopguardTypeError(msg)
     count = check_int("k", k, lo=1, hi=MAX_VOCAB_SIZE)
-    if student_probs.shape[0] != teacher_probs.shape[0]:
-        msg = (
-            "`student_probs` and `teacher_probs` must have the same number of rows, "
-            f"got {student_probs.shape[0]} and {teacher_probs.shape[0]}."
-        )
-        raise InputError(msg)
-    for name, probs in (("student_probs", student_probs), ("teacher_probs", teacher_probs)):
-        if probs.numel() and not bool(torch.isfinite(probs).all()):
-            msg = f"`{name}` must be finite, got a NaN or infinite value."
-            raise InputError(msg)
+    check_prob_rows(student_probs, teacher_probs)
     vocab_s = student_probs.shape[-1]
     top = teacher_probs.topk(min(count, teacher_probs.shape[-1]), dim=-1)
     table = torch.as_tensor(mapping.teacher_to_student, device=teacher_probs.device)

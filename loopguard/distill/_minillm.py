@@ -17,6 +17,7 @@ against the teacher :math:`p` with a policy gradient. The pieces here follow the
 
 Teacher and student must share one vocabulary here (MiniLLM's setting); for different tokenizers distil with
 :func:`loopguard.distill.uld_loss` or :func:`loopguard.distill.topk_align`.
+Hand-written because no maintained library ships MiniLLM's pieces as functions (LMOps is research code).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import attrs
 import torch
 
 from loopguard._validation import boolean, check_bool, check_real, real
-from loopguard.distill._common import check_logits, check_mask, check_token_ids
+from loopguard.distill._common import check_floating, check_logits, check_mask, check_token_ids
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 
 __all__ = [
@@ -51,22 +52,24 @@ def _check_alpha(alpha: object) -> float:
 def _check_pair(student_logits: object, teacher_logits: object) -> tuple[torch.Tensor, torch.Tensor]:
     student = check_logits("student_logits", student_logits)
     teacher = check_logits("teacher_logits", teacher_logits)
-    if student.shape != teacher.shape:
-        msg = (
-            "`student_logits` and `teacher_logits` must have the same shape (MiniLLM needs one shared "
-            f"vocabulary), got {tuple(student.shape)} and {tuple(teacher.shape)}."
-        )
-        raise InputError(msg)
+    what = (
+        "`student_logits` and `teacher_logits` must have the same shape (MiniLLM needs one shared vocabulary)"
+    )
+    _require_same_shape(what, student, teacher)
     return student, teacher
+
+
+def _require_same_shape(what: str, first: torch.Tensor, second: torch.Tensor) -> None:
+    """Raise "{what}, got {first's shape} and {second's shape}." unless the shapes are equal."""
+    if first.shape != second.shape:
+        raise InputError(f"{what}, got {tuple(first.shape)} and {tuple(second.shape)}.")
 
 
 def _check_values(name: str, value: object, shape: tuple[int, ...] | None = None) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         msg = f"`{name}` must be a torch.Tensor, got an object of type {type(value).__name__}."
         raise LoopguardTypeError(msg)
-    if not value.is_floating_point():
-        msg = f"`{name}` must be a floating-point tensor, got dtype {value.dtype}."
-        raise LoopguardTypeError(msg)
+    check_floating(name, value)
     if value.dim() != 2 or (shape is not None and tuple(value.shape) != shape):
         expected = f"shape {shape}" if shape is not None else "a 2-D [B, T] shape"
         msg = f"`{name}` must have {expected}, got {tuple(value.shape)}."
@@ -380,12 +383,7 @@ def pretrain_anchor_loss(
     loss = (nll * keep).sum() / count
     if ratio > 0.0 and teacher_logits is not None:
         teacher = check_logits("teacher_logits", teacher_logits)
-        if teacher.shape != student.shape:
-            msg = (
-                "`teacher_logits` must have the shape of `student_logits`, "
-                f"got {tuple(teacher.shape)} and {tuple(student.shape)}."
-            )
-            raise InputError(msg)
+        _require_same_shape("`teacher_logits` must have the shape of `student_logits`", teacher, student)
         p = torch.softmax(teacher.to(log_q.dtype), -1).detach()
         soft = -(torch.where(p > 0, p * log_q, 0.0)).sum(-1)
         loss = (1.0 - ratio) * loss + ratio * (soft * keep).sum() / count

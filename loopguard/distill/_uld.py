@@ -11,6 +11,7 @@ answer's start). It runs as one custom autograd function over row chunks: no ful
 sorted or index copy is kept for the backward pass, only a one-byte sign per aligned logit.
 :func:`uld_distance` is the row form over probability vectors that are already aligned (for example merged by
 :func:`loopguard.distill.merge_aligned_probs`); it uses plain autograd.
+Hand-written because TRL's ULD lives inside its experimental GOLD trainer, not as a loss any loop can call.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from loopguard.distill._common import (
     Reduction,
     check_logits,
     check_mask,
+    check_prob_rows,
     check_reduction,
     reduce_rows,
 )
@@ -319,16 +321,7 @@ def uld_distance(student_probs: torch.Tensor, teacher_probs: torch.Tensor) -> to
     """
     student_probs = check_logits("student_probs", student_probs, ndim=2)
     teacher_probs = check_logits("teacher_probs", teacher_probs, ndim=2)
-    if student_probs.shape[0] != teacher_probs.shape[0]:
-        msg = (
-            "`student_probs` and `teacher_probs` must have the same number of rows, "
-            f"got {student_probs.shape[0]} and {teacher_probs.shape[0]}."
-        )
-        raise InputError(msg)
-    for name, probs in (("student_probs", student_probs), ("teacher_probs", teacher_probs)):
-        if probs.numel() and not bool(torch.isfinite(probs).all()):
-            msg = f"`{name}` must be finite, got a NaN or infinite value."
-            raise InputError(msg)
+    check_prob_rows(student_probs, teacher_probs)
     return _sorted_l1(student_probs, teacher_probs)
 
 

@@ -15,6 +15,8 @@ Each round ``r`` (Xiong et al. 2023; the RLHFlow Online-RLHF recipe):
    starts again from the last good policy and reference), the reason is written to the round's metrics, and
    after ``max_failed_rounds`` failed rounds the run stops with a plain-English explanation.
 
+Hand-written because TRL's online DPO trains on fresh samples continuously: it has no rounds to gate.
+
 Layout written under ``output_dir`` (see :meth:`IterativeDPOConfig.plan`)::
 
     initial/model/          the starting policy (only when it was given in memory)
@@ -22,7 +24,7 @@ Layout written under ``output_dir`` (see :meth:`IterativeDPOConfig.plan`)::
     round-01/model/         the round's trained candidate (model + tokenizer, save_pretrained format)
     round-01/adapter/       with ``peft_config``: the round's adapter (``model/`` is then the merged model)
     round-01/metrics.json   samples, pairs, training loss, gates, promoted or not and why
-    manifest.json           finished rounds, written atomically (temp file, fsync, os.replace)
+    manifest.json           finished rounds, written atomically (loopguard._saved_state.atomic_target)
 
 Rerunning with the same ``output_dir`` skips the rounds the manifest lists (resume); settings that change
 what a round means (K, pairing, beta, ...) must match the manifest's, and ``rounds`` may grow.
@@ -54,11 +56,9 @@ import copy
 import dataclasses
 import gc
 import hashlib
-import importlib
 import json
 import math
 import os
-import secrets
 import shutil
 import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -68,7 +68,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from loopguard._saved_state import fsync_dir, write_atomic
+from loopguard._saved_state import atomic_target, write_atomic
 from loopguard._validation import (
     MAX_ENSEMBLE_MEMBERS,
     MAX_TRAJECTORIES,
@@ -80,12 +80,13 @@ from loopguard._validation import (
     check_real,
     check_text,
     describe,
+    import_extra,
     integer,
     one_of,
     path_string,
     real,
 )
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, MissingDependencyError
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 from loopguard.signals import (
     ensemble_disagreement,
     ngram_repetition_rate,
@@ -785,14 +786,8 @@ def _read_manifest(path: str, settings: Mapping[str, Any] | None) -> dict[str, A
 
 
 def _import_stack() -> tuple[Any, Any, Any, Any]:
-    try:
-        datasets = importlib.import_module("datasets")
-        torch = importlib.import_module("torch")
-        transformers = importlib.import_module("transformers")
-        trl = importlib.import_module("trl")
-    except ImportError as error:  # pragma: no cover - the test environment has the hf extra
-        msg = f"IterativeDPO needs the `hf` extra: pip install 'loopguard[hf]' ({error})."
-        raise MissingDependencyError(msg) from error
+    hint = "IterativeDPO needs the `hf` extra: pip install 'loopguard[hf]' ({error})."
+    datasets, torch, transformers, trl = import_extra(hint, "datasets", "torch", "transformers", "trl")
     return torch, transformers, trl, datasets
 
 
@@ -814,6 +809,58 @@ def _summary(values: NDArray[np.float64]) -> dict[str, float]:
         "min": float(values.min()),
         "max": float(values.max()),
     }
+
+
+def _check_prompts(prompts: object) -> list[str]:
+    if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
+        msg = f"`prompts` must be a sequence of strings, got {type(prompts).__name__} {describe(prompts)}."
+        raise LoopguardTypeError(msg)
+    if not 1 <= len(prompts) <= MAX_TRAJECTORIES:
+        msg = f"`prompts` must hold 1 to {MAX_TRAJECTORIES:,} prompts, got {len(prompts):,}."
+        raise InputError(msg)
+    return [check_text(f"prompts[{i}]", text, max_length=MAX_PROMPT_CHARS) for i, text in enumerate(prompts)]
+
+
+def _check_policy(transformers: Any, policy: object) -> tuple[Any, str | None]:
+    """``(model, None)`` for a model in memory, ``(None, folder)`` for the folder of a saved one."""
+    if isinstance(policy, transformers.PreTrainedModel):
+        return policy, None
+    if isinstance(policy, (str, os.PathLike)):
+        initial = check_path("policy", policy)
+        if not os.path.isdir(initial):
+            msg = f"`policy` must be a model or the folder of a saved one, got {describe(initial)}."
+            raise ConfigError(msg)
+        return None, initial
+    msg = f"`policy` must be a transformers PreTrainedModel or a folder, got {type(policy).__name__}."
+    raise LoopguardTypeError(msg)
+
+
+def _check_reward(torch: Any, transformers: Any, reward: object, reward_tokenizer: Any) -> None:
+    if isinstance(reward, torch.nn.Module):
+        if not isinstance(reward_tokenizer, transformers.PreTrainedTokenizerBase):
+            msg = (
+                "`reward_tokenizer` must be the reward model's transformers tokenizer when `reward` is "
+                f"an nn.Module, got {type(reward_tokenizer).__name__}."
+            )
+            raise LoopguardTypeError(msg)
+        if reward_tokenizer.pad_token is None:
+            msg = "`reward_tokenizer` must define a pad_token to score in batches, got None."
+            raise ConfigError(msg)
+    elif not callable(reward):
+        msg = f"`reward` must be a callable or an nn.Module reward model, got {type(reward).__name__}."
+        raise LoopguardTypeError(msg)
+
+
+def _check_ensemble(ensemble: Sequence[RewardFn] | None) -> list[RewardFn]:
+    members = list(ensemble) if ensemble is not None else []
+    if ensemble is not None and not 2 <= len(members) <= MAX_ENSEMBLE_MEMBERS:
+        msg = f"`ensemble` must hold 2 to {MAX_ENSEMBLE_MEMBERS} scorers, got {len(members)}."
+        raise ConfigError(msg)
+    for i, member in enumerate(members):
+        if not callable(member):
+            msg = f"`ensemble[{i}]` must be a callable scorer, got {type(member).__name__}."
+            raise LoopguardTypeError(msg)
+    return members
 
 
 class IterativeDPO:
@@ -884,30 +931,9 @@ class IterativeDPO:
             pairing=pairing,
             **settings,
         )
-        if isinstance(prompts, (str, bytes)) or not isinstance(prompts, Sequence):
-            msg = (
-                f"`prompts` must be a sequence of strings, got {type(prompts).__name__} {describe(prompts)}."
-            )
-            raise LoopguardTypeError(msg)
-        if not 1 <= len(prompts) <= MAX_TRAJECTORIES:
-            msg = f"`prompts` must hold 1 to {MAX_TRAJECTORIES:,} prompts, got {len(prompts):,}."
-            raise InputError(msg)
-        self._prompts = [
-            check_text(f"prompts[{i}]", text, max_length=MAX_PROMPT_CHARS) for i, text in enumerate(prompts)
-        ]
+        self._prompts = _check_prompts(prompts)
         torch, transformers, trl, _ = _import_stack()
-        if isinstance(policy, transformers.PreTrainedModel):
-            self._policy_model: Any = policy
-            self._initial: str | None = None
-        elif isinstance(policy, (str, os.PathLike)):
-            self._policy_model = None
-            self._initial = check_path("policy", policy)
-            if not os.path.isdir(self._initial):
-                msg = f"`policy` must be a model or the folder of a saved one, got {describe(self._initial)}."
-                raise ConfigError(msg)
-        else:
-            msg = f"`policy` must be a transformers PreTrainedModel or a folder, got {type(policy).__name__}."
-            raise LoopguardTypeError(msg)
+        self._policy_model, self._initial = _check_policy(transformers, policy)
         if not isinstance(tokenizer, transformers.PreTrainedTokenizerBase):
             msg = f"`tokenizer` must be a transformers tokenizer, got {type(tokenizer).__name__}."
             raise LoopguardTypeError(msg)
@@ -915,34 +941,14 @@ class IterativeDPO:
             msg = "`tokenizer` must define an eos_token (DPO appends it to every completion), got None."
             raise ConfigError(msg)
         self._tokenizer = tokenizer
-        if isinstance(reward, torch.nn.Module):
-            if not isinstance(reward_tokenizer, transformers.PreTrainedTokenizerBase):
-                msg = (
-                    "`reward_tokenizer` must be the reward model's transformers tokenizer when `reward` is "
-                    f"an nn.Module, got {type(reward_tokenizer).__name__}."
-                )
-                raise LoopguardTypeError(msg)
-            if reward_tokenizer.pad_token is None:
-                msg = "`reward_tokenizer` must define a pad_token to score in batches, got None."
-                raise ConfigError(msg)
-        elif not callable(reward):
-            msg = f"`reward` must be a callable or an nn.Module reward model, got {type(reward).__name__}."
-            raise LoopguardTypeError(msg)
+        _check_reward(torch, transformers, reward, reward_tokenizer)
         self._reward = reward
         self._reward_tokenizer = reward_tokenizer
         if gold is not None and not callable(gold):
             msg = f"`gold` must be a callable fn(prompts, completions) -> scores, got {type(gold).__name__}."
             raise LoopguardTypeError(msg)
         self._gold = gold
-        members = list(ensemble) if ensemble is not None else []
-        if ensemble is not None and not 2 <= len(members) <= MAX_ENSEMBLE_MEMBERS:
-            msg = f"`ensemble` must hold 2 to {MAX_ENSEMBLE_MEMBERS} scorers, got {len(members)}."
-            raise ConfigError(msg)
-        for i, member in enumerate(members):
-            if not callable(member):
-                msg = f"`ensemble[{i}]` must be a callable scorer, got {type(member).__name__}."
-                raise LoopguardTypeError(msg)
-        self._ensemble = members
+        self._ensemble = _check_ensemble(ensemble)
         self._dpo_args = self._check_dpo_args(trl, dpo_args)
         self._peft_config = self._check_peft(peft_config)
 
@@ -950,11 +956,7 @@ class IterativeDPO:
     def _check_peft(peft_config: Any) -> Any:
         if peft_config is None:
             return None
-        try:
-            peft = importlib.import_module("peft")
-        except ImportError as error:  # pragma: no cover - the test environment has peft
-            msg = f"`peft_config` needs the `peft` package: pip install peft ({error})."
-            raise MissingDependencyError(msg) from error
+        (peft,) = import_extra("`peft_config` needs the `peft` package: pip install peft ({error}).", "peft")
         if not isinstance(peft_config, peft.PeftConfig):
             msg = (
                 "`peft_config` must be a peft.PeftConfig (LoraConfig, ...), "
@@ -1105,22 +1107,12 @@ class IterativeDPO:
 
     def _save_model(self, model: Any, target: str) -> None:
         """Save model + tokenizer to ``target`` atomically (a temp folder renamed into place)."""
-        parent = os.path.dirname(target)
-        os.makedirs(parent, exist_ok=True)
-        if os.path.islink(target):
-            msg = f"`{target}` must not be a symlink (loopguard never writes through one), got a symlink."
-            raise InputError(msg)
-        temp = os.path.join(parent, f".{os.path.basename(target)}.tmp-{secrets.token_hex(8)}")
-        try:
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with atomic_target(target) as temp:
             model.save_pretrained(temp)
             self._tokenizer.save_pretrained(temp)
             if os.path.isdir(target):  # a stale folder from a round that died before the manifest listed it
                 shutil.rmtree(target)
-            os.replace(temp, target)
-        finally:
-            if os.path.isdir(temp):
-                shutil.rmtree(temp, ignore_errors=True)
-        fsync_dir(parent)
 
     def _round_prompts(self, step: RoundPlan) -> list[str]:
         count = len(self._prompts) if step.num_prompts is None else step.num_prompts
@@ -1247,7 +1239,8 @@ class IterativeDPO:
         return trl.DPOConfig(**values)
 
     def _run_round(self, step: RoundPlan, start: str) -> dict[str, Any]:
-        torch, transformers, trl, datasets = _import_stack()
+        """Sample, score and pair with the policy at ``start``; train, audit and gate the candidate."""
+        torch, transformers, _, _ = _import_stack()
         config = self._config
         os.makedirs(step.directory, exist_ok=True)
         prompts = self._round_prompts(step)
@@ -1257,16 +1250,42 @@ class IterativeDPO:
         policy.to("cpu" if use_cpu else "cuda")
         texts, lengths = self._generate(policy, prompts, seed)
         before = self._score_all(prompts, texts)
-        rewards = before["reward"].reshape(len(prompts), config.samples_per_prompt)
+        pairs, metrics = self._pair(step, start, prompts, texts, lengths, before["reward"])
+        if not pairs:
+            reasons = [
+                f"round {step.round} produced no pairs: every prompt's {config.samples_per_prompt} "
+                f"completions tied within min_margin={config.min_margin:g}; nothing to train on."
+            ]
+            metrics["candidate"] = None  # nothing was trained
+            return self._finish(step, metrics, promoted=False, reasons=reasons, gates=())
+        candidate = self._train(step, start, policy, pairs, metrics)
+        gates = self._audit(candidate, prompts, seed, before, metrics)
+        del policy, candidate
+        gc.collect()
+        tripped = [gate for gate in gates if gate.tripped]
+        reasons = [f"{gate.message}." for gate in tripped]
+        return self._finish(step, metrics, promoted=not tripped, reasons=reasons, gates=gates)
+
+    def _pair(
+        self,
+        step: RoundPlan,
+        start: str,
+        prompts: list[str],
+        texts: list[list[str]],
+        lengths: list[list[int]],
+        scores: NDArray[np.float64],
+    ) -> tuple[list[Pair], dict[str, Any]]:
+        """Build the round's pairs (at most ``pairs_per_round``), write them; return them and the metrics."""
+        config = self._config
         pairs, dropped = build_pairs(
             prompts,
             texts,
-            rewards,
+            scores.reshape(len(prompts), config.samples_per_prompt),
             lengths,
             mode=config.pairing,
             length_penalty=config.length_penalty,
             min_margin=config.min_margin,
-            seed=seed,
+            seed=config.seed + step.round,
         )
         capped = 0
         if config.pairs_per_round is not None and len(pairs) > config.pairs_per_round:
@@ -1284,7 +1303,7 @@ class IterativeDPO:
             "prompts": len(prompts),
             "samples": {
                 "count": int(flat_lengths.size),
-                "reward": _summary(before["reward"]),
+                "reward": _summary(scores),
                 "length_mean": float(flat_lengths.mean()),
             },
             "pairs": {
@@ -1296,13 +1315,13 @@ class IterativeDPO:
             },
             "beta": config.beta,
         }
-        if not pairs:
-            reasons = [
-                f"round {step.round} produced no pairs: every prompt's {config.samples_per_prompt} "
-                f"completions tied within min_margin={config.min_margin:g}; nothing to train on."
-            ]
-            metrics["candidate"] = None  # nothing was trained
-            return self._finish(step, metrics, promoted=False, reasons=reasons, gates=())
+        return pairs, metrics
+
+    def _train(
+        self, step: RoundPlan, start: str, policy: Any, pairs: list[Pair], metrics: dict[str, Any]
+    ) -> Any:
+        """Train ``policy`` with DPO on ``pairs``, save the candidate (and adapter); return the candidate."""
+        _, transformers, trl, datasets = _import_stack()
         dataset = datasets.Dataset.from_dict(
             {
                 "prompt": [p.prompt for p in pairs],
@@ -1344,6 +1363,17 @@ class IterativeDPO:
             "candidate_fingerprint": _fingerprint(candidate),
         }
         self._save_model(candidate, step.model_path)
+        return candidate
+
+    def _audit(
+        self,
+        candidate: Any,
+        prompts: list[str],
+        seed: int,
+        before: dict[str, Any],
+        metrics: dict[str, Any],
+    ) -> tuple[GateResult, ...]:
+        """Sample and score the candidate afresh, and evaluate the safety gates against ``before``."""
         audit_texts, audit_lengths = self._generate(candidate, prompts, seed + 1_000_003)
         after = self._score_all(prompts, audit_texts)
         flat_audit = [t for row in audit_texts for t in row]
@@ -1356,22 +1386,17 @@ class IterativeDPO:
         if "gold" in after:
             metrics["audit"]["gold_mean"] = float(after["gold"].mean())
             metrics["samples"]["gold_mean"] = float(before["gold"].mean())
-        gates = evaluate_gates(
+        return evaluate_gates(
             rewards=after["reward"],
             lengths=flat_audit_lengths,
             texts=flat_audit,
             reference_rewards=before["reward"],
-            gates=config.gates,
+            gates=self._config.gates,
             gold=after.get("gold"),
             reference_gold=before.get("gold"),
             ensemble_scores=after.get("ensemble"),
             reference_ensemble_scores=before.get("ensemble"),
         )
-        del trainer, policy, reference, candidate
-        gc.collect()
-        tripped = [gate for gate in gates if gate.tripped]
-        reasons = [f"{gate.message}." for gate in tripped]
-        return self._finish(step, metrics, promoted=not tripped, reasons=reasons, gates=gates)
 
     def _finish(
         self,
