@@ -86,13 +86,12 @@ from loopguard._validation import (
     path_string,
     real,
 )
-from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
+from loopguard.detectors import Detector, GoldAudit, Length, Repetition, RMEnsemble, StepData
+from loopguard.exceptions import ConfigError, InputError, LoopguardError, LoopguardTypeError
+from loopguard.guard import Observation
 from loopguard.signals import (
-    ensemble_disagreement,
-    ngram_repetition_rate,
     relative_drop,
     reward_drift,
-    reward_length_correlation,
 )
 
 __all__ = [
@@ -292,8 +291,12 @@ class SafetyGates:
     """Thresholds of the checks a round's trained candidate must pass to be promoted.
 
     Every gate compares the candidate's audit samples (``K`` completions per prompt, sampled after training)
-    with the samples the round started from. ``None`` turns a gate off. Gold and ensemble gates run only
-    when ``gold`` / ``ensemble`` scorers are given to :class:`IterativeDPO`.
+    with the samples the round started from, measured by the detectors the Guard uses
+    (:mod:`loopguard.detectors`: ``Length``'s correlation, ``Repetition``'s rate, ``GoldAudit``'s gold mean,
+    ``RMEnsemble``'s disagreement) and scored against the previous round (a fall, a ratio) or on an
+    absolute level; the reward-drift gate is a two-sample KS distance between the two rounds. ``None`` turns
+    a gate off. Gold and ensemble gates run only when ``gold`` / ``ensemble`` scorers are given to
+    :class:`IterativeDPO`.
 
     Attributes:
         max_length_correlation: Trip when the Spearman correlation between the candidate's rewards and its
@@ -413,73 +416,151 @@ def evaluate_gates(
             f"`gates` must be a SafetyGates, got {describe(thresholds)} of type {type(thresholds).__name__}."
         )
         raise LoopguardTypeError(msg)
+    if gold is not None and reference_gold is None and thresholds.max_gold_drop is not None:
+        msg = "`reference_gold` must be given with `gold`, got None."
+        raise ConfigError(msg)
+    ensemble_gate = thresholds.max_disagreement_ratio is not None
+    if ensemble_scores is not None and reference_ensemble_scores is None and ensemble_gate:
+        msg = "`reference_ensemble_scores` must be given with `ensemble_scores`, got None."
+        raise ConfigError(msg)
+    candidate = _round_sample(
+        rewards, lengths=lengths, texts=texts, gold=gold, ensemble=ensemble_scores, name=""
+    )
+    start = _round_sample(
+        reference_rewards, gold=reference_gold, ensemble=reference_ensemble_scores, name="reference_"
+    )
     results: list[GateResult] = []
-    if thresholds.max_length_correlation is not None:
-        rho = reward_length_correlation(rewards, lengths, method="spearman")
-        results.append(
-            _gate(
-                "length_correlation",
-                rho,
-                thresholds.max_length_correlation,
-                "reward-length correlation",
-                "the reward model pays for length",
-            )
-        )
-    if thresholds.max_repetition is not None:
-        rate = ngram_repetition_rate(list(texts), n=thresholds.repetition_n)
-        results.append(
-            _gate(
-                "repetition",
-                rate,
-                thresholds.max_repetition,
-                f"{thresholds.repetition_n}-gram repetition",
-                "completions repeat themselves (echo or degeneration)",
-            )
-        )
-    if thresholds.max_reward_drift is not None:
-        drift = reward_drift(rewards, reference_rewards, "ks")
-        results.append(
-            _gate(
-                "reward_drift",
-                drift,
-                thresholds.max_reward_drift,
-                "reward drift (KS) from the round's starting policy",
-                "the reward distribution jumped in one round",
-            )
-        )
-    if gold is not None and thresholds.max_gold_drop is not None:
-        if reference_gold is None:
-            msg = "`reference_gold` must be given with `gold`, got None."
-            raise ConfigError(msg)
-        now = float(np.mean(as_float_array("gold", gold)))
-        before = float(np.mean(as_float_array("reference_gold", reference_gold)))
-        drop = relative_drop(now, before) if before != 0.0 else max(0.0, before - now)
-        results.append(
-            _gate(
-                "gold_drop",
-                drop,
-                thresholds.max_gold_drop,
-                f"gold score drop ({before:.3f} -> {now:.3f})",
-                "the proxy reward rose while the gold audit fell (reward hacking)",
-            )
-        )
-    if ensemble_scores is not None and thresholds.max_disagreement_ratio is not None:
-        if reference_ensemble_scores is None:
-            msg = "`reference_ensemble_scores` must be given with `ensemble_scores`, got None."
-            raise ConfigError(msg)
-        now = ensemble_disagreement(ensemble_scores)
-        before = ensemble_disagreement(reference_ensemble_scores)
-        ratio = now / before if before > 0.0 else (1.0 if now == 0.0 else math.inf)
-        results.append(
-            _gate(
-                "ensemble_disagreement",
-                ratio,
-                thresholds.max_disagreement_ratio,
-                f"ensemble disagreement ratio ({before:.3g} -> {now:.3g})",
-                "the reward models disagree on the new policy's outputs (out-of-distribution exploitation)",
-            )
-        )
+    for spec in _GATES:
+        threshold = getattr(thresholds, spec.threshold)
+        if threshold is None:
+            continue
+        measured = spec.measure(candidate, start, thresholds)
+        if measured is not None:
+            value, what = measured
+            results.append(_gate(spec.name, value, threshold, what, spec.meaning))
     return tuple(results)
+
+
+def _round_sample(
+    rewards: ArrayLike,
+    *,
+    lengths: ArrayLike | None = None,
+    texts: Sequence[str] | None = None,
+    gold: ArrayLike | None = None,
+    ensemble: ArrayLike | None = None,
+    name: str,
+) -> StepData:
+    """One round's samples as the detectors see a training step (``name`` prefixes the argument names)."""
+    try:
+        observation = Observation(
+            0, rewards, completions=texts, lengths=lengths, gold=gold, ensemble_scores=ensemble
+        )
+    except LoopguardError as error:
+        text = str(error).replace("`", f"`{name}", 1) if name else str(error)
+        raise type(error)(text) from None
+    return StepData(observation, warmup_steps=1)
+
+
+def _statistic(detector: Detector, sample: StepData, key: str) -> float | None:
+    """The detector's statistic ``key`` on one round's samples (None when an input is missing)."""
+    raw = detector.measure(sample, {})
+    return None if raw is None else raw.get(key)
+
+
+@attrs.frozen
+class _GateSpec:
+    """One safety gate: a detector's statistic on the candidate, scored against the round's start.
+
+    ``rule`` says how: ``"value"`` (the candidate's statistic itself), ``"drop"`` (its relative fall from the
+    start; the absolute fall when the start is 0) or ``"ratio"`` (candidate / start; 1 when both are 0, inf
+    when only the start is 0).
+    """
+
+    name: str
+    threshold: str
+    detector: Callable[[SafetyGates], Detector]
+    key: str
+    rule: Literal["value", "drop", "ratio"]
+    what: str
+    meaning: str
+    optional: bool = False  # a gate whose scorer was not given (gold, ensemble) is skipped, others raise
+
+    def measure(self, candidate: StepData, start: StepData, gates: SafetyGates) -> tuple[float, str] | None:
+        """The gate's value and the words that name it (None when the candidate lacks the input)."""
+        detector = self.detector(gates)
+        now = _statistic(detector, candidate, self.key)
+        if now is None and self.optional:
+            return None
+        if now is None:
+            msg = f"the {self.name} gate needs {detector.needs} for at least 2 samples, got none it can use."
+            raise InputError(msg)
+        if self.rule == "value":
+            return now, self.what.format(n=gates.repetition_n)
+        before = _statistic(detector, start, self.key)
+        if before is None:
+            return None
+        if self.rule == "drop":
+            value = relative_drop(now, before) if before != 0.0 else max(0.0, before - now)
+            return value, self.what.format(before=f"{before:.3f}", now=f"{now:.3f}")
+        value = now / before if before > 0.0 else (1.0 if now == 0.0 else math.inf)
+        return value, self.what.format(before=f"{before:.3g}", now=f"{now:.3g}")
+
+
+@attrs.frozen
+class _DriftGate:
+    """The reward-drift gate: a two-sample distance between rounds, which no per-step detector measures."""
+
+    name: str = "reward_drift"
+    threshold: str = "max_reward_drift"
+    meaning: str = "the reward distribution jumped in one round"
+
+    def measure(self, candidate: StepData, start: StepData, gates: SafetyGates) -> tuple[float, str]:
+        """The two-sample KS distance between the candidate's and the start's rewards."""
+        drift = reward_drift(candidate.observation.rewards, start.observation.rewards, "ks")
+        return drift, "reward drift (KS) from the round's starting policy"
+
+
+_GATES: tuple[_GateSpec | _DriftGate, ...] = (
+    _GateSpec(
+        "length_correlation",
+        "max_length_correlation",
+        lambda gates: Length(),
+        "correlation",
+        "value",
+        "reward-length correlation",
+        "the reward model pays for length",
+    ),
+    _GateSpec(
+        "repetition",
+        "max_repetition",
+        lambda gates: Repetition(n=gates.repetition_n),
+        "rate",
+        "value",
+        "{n}-gram repetition",
+        "completions repeat themselves (echo or degeneration)",
+    ),
+    _DriftGate(),
+    _GateSpec(
+        "gold_drop",
+        "max_gold_drop",
+        lambda gates: GoldAudit(),
+        "gold",
+        "drop",
+        "gold score drop ({before} -> {now})",
+        "the proxy reward rose while the gold audit fell (reward hacking)",
+        optional=True,
+    ),
+    _GateSpec(
+        "ensemble_disagreement",
+        "max_disagreement_ratio",
+        lambda gates: RMEnsemble(),
+        "disagreement",
+        "ratio",
+        "ensemble disagreement ratio ({before} -> {now})",
+        "the reward models disagree on the new policy's outputs (out-of-distribution exploitation)",
+        optional=True,
+    ),
+)
 
 
 # --------------------------------------------------------------------------------------------------

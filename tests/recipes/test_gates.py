@@ -200,3 +200,31 @@ def test_a_round_without_pairs_is_blocked_and_counted(tmp_path, tokenizer):
     assert result.rounds[0]["candidate"] is None
     assert (tmp_path / "round-01" / "pairs.jsonl").read_text() == ""
     assert not (tmp_path / "round-01" / "model").exists()
+
+
+def test_gates_measure_with_the_guards_detectors():
+    """One concept, one implementation: a gate's value is the statistic the Guard's detector measures."""
+    from loopguard import Observation
+    from loopguard.detectors import Length, Repetition, StepData
+
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(list("abcde"), size=int(rng.integers(2, 12)))) for _ in range(24)]
+    rewards, lengths = rng.normal(size=24), np.asarray([len(t.split()) for t in texts])
+    gates = SafetyGates(repetition_n=3)
+    results = {
+        r.name: r
+        for r in evaluate_gates(
+            rewards=rewards, lengths=lengths, texts=texts, reference_rewards=rng.normal(size=24), gates=gates
+        )
+    }
+    data = StepData(Observation(0, rewards, completions=texts, lengths=lengths), warmup_steps=1)
+    assert results["repetition"].value == Repetition(n=3).measure(data, {})["rate"]
+    assert results["repetition"].message.startswith("3-gram repetition")
+    assert results["length_correlation"].value == Length().measure(data, {})["correlation"]
+
+
+def test_a_gate_that_cannot_measure_is_an_error_not_silence():
+    with pytest.raises(Exception, match="length_correlation gate needs"):
+        evaluate_gates(rewards=[1.0], lengths=[3], texts=["a b c"], reference_rewards=[0.0, 1.0])
+    with pytest.raises(Exception, match="`reference_rewards` must"):
+        evaluate_gates(rewards=[1.0, 2.0], lengths=[3, 4], texts=["a", "b"], reference_rewards=[[0.0]])
