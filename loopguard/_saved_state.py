@@ -51,6 +51,7 @@ __all__ = [
     "fsync_dir",
     "open_regular",
     "open_state",
+    "open_versioned_state",
     "parse_state_json",
     "read_state_file",
     "refuse_symlink",
@@ -374,6 +375,22 @@ def open_state(
         msg = f"`{fields.name('version')}` must be {version} (this loopguard's), got {describe(found)}."
         raise StateError(msg)
     return Fields(payload, path, keys=keys)
+
+
+def open_versioned_state(
+    payload: object, *, kind: str, versions: Mapping[int, Collection[str]], owner: str
+) -> tuple[Fields, int]:
+    """:func:`open_state` for a state that still reads older versions: ``versions`` maps each to its keys.
+
+    The newest version in ``versions`` is the current one (named in the error for any other version).
+
+    Returns:
+        The fields and the version found.
+    """
+    found = payload.get("version") if isinstance(payload, Mapping) else None
+    version = found if isinstance(found, int) and not isinstance(found, bool) and found in versions else None
+    chosen = max(versions) if version is None else version
+    return open_state(payload, kind=kind, version=chosen, keys=versions[chosen], owner=owner), chosen
 
 
 def check_state_text(name: str, value: object, *, max_length: int = MAX_STATE_TEXT) -> str:

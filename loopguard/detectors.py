@@ -279,7 +279,15 @@ def _as_bands(value: object) -> tuple[float, float] | None:
 
 
 @attrs.frozen
-class Repetition(Detector):
+class _NgramDetector(Detector):
+    """A detector of the completions' n-grams (token ids, or whitespace words without a tokenizer)."""
+
+    needs: ClassVar[str] = "completions or completion_ids"
+    n: int = attrs.field(default=2, validator=integer(lo=1, hi=32))
+
+
+@attrs.frozen
+class Repetition(_NgramDetector):
     """Echo traps: the batch-mean n-gram repetition rate and the share of completions stuck in a loop.
 
     The one repetition check of loopguard: the Guard scores it against the warm-up baseline (relative bands)
@@ -297,12 +305,10 @@ class Repetition(Detector):
     """
 
     name: ClassVar[str] = "repetition"
-    needs: ClassVar[str] = "completions or completion_ids"
     advice: ClassVar[str] = (
         "the policy repeats itself: penalise repetition with shape_reward(kind='repetition'), "
         "lower the learning rate, or raise the sampling temperature"
     )
-    n: int = attrs.field(default=2, validator=integer(lo=1, hi=32))
     trap_rate: float = attrs.field(default=0.60, validator=real(lo=0.0, hi=1.0, lo_inclusive=False))
     echo: tuple[float, float] | None = attrs.field(default=None, converter=_as_bands)
     against_baseline: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
@@ -340,7 +346,7 @@ class Repetition(Detector):
 
 
 @attrs.frozen
-class Diversity(Detector):
+class Diversity(_NgramDetector):
     """Diversity collapse: the batch's corpus distinct-n (Li et al. 2016) falling against its warm-up.
 
     Args:
@@ -348,12 +354,10 @@ class Diversity(Detector):
     """
 
     name: ClassVar[str] = "diversity"
-    needs: ClassVar[str] = "completions or completion_ids"
     advice: ClassVar[str] = (
         "outputs are becoming alike: check whether the reward pays for one phrase or token, "
         "and prefer a reward that values distinct content"
     )
-    n: int = attrs.field(default=2, validator=integer(lo=1, hi=32))
 
     def metrics(self) -> tuple[Metric, ...]:
         """Corpus distinct-n, relative fall 0.10/0.30 (the predecessor's drop bands)."""

@@ -71,7 +71,7 @@ from loopguard._run import check_run_id
 from loopguard._saved_state import (
     as_state_error,
     decode_rollbacks,
-    open_state,
+    open_versioned_state,
     read_state_file,
     write_state_file,
 )
@@ -206,6 +206,20 @@ class _Bound(TrainerCallback):
     def _record_failure(self, event: str, error: BaseException, step: int, message: str) -> None:
         """Hook: keep a durable record of a failure (the mitigator writes one to its log)."""
 
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Act on the end of an optimizer step (:meth:`_on_step`), under the failure policy."""
+        if not self._ready:
+            return
+        try:
+            self._on_step(args, state, control)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_step_end", error, int(state.global_step))
+
+    def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
+        """What the callback does at the end of an optimizer step (subclasses)."""
+
     def _start(self, args: TrainingArguments, state: TrainerState) -> None:
         """Set the callback up at the start of training (subclasses)."""
 
@@ -278,20 +292,6 @@ class _Observer(_Bound):
 
     _source: GenerationSource | TapSource | MetricSource | None = None
     _sync: RankSync
-
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        """Decide on the step's new generation batches (:meth:`_on_step`), under the failure policy."""
-        if not self._ready or self._source is None:
-            return
-        try:
-            self._on_step(args, state, control)
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_step_end", error, int(state.global_step))
-
-    def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
-        """Observe, decide and act on one optimizer step (subclasses)."""
 
     def on_substep_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -566,15 +566,11 @@ class RewardHackMitigator(_Observer):
                 configured differently, or another run's state. The mitigator (and the trainer's beta) is then
                 unchanged.
         """
-        version = state.get("version") if isinstance(state, Mapping) else None
-        old = version == 2 and not isinstance(version, bool)
-        fields = open_state(
-            state,
-            kind=STATE_KIND,
-            version=2 if old else STATE_VERSION,
-            keys=_STATE_KEYS_V2 if old else _STATE_KEYS,
-            owner="RewardHackMitigator",
+        versions = {2: _STATE_KEYS_V2, STATE_VERSION: _STATE_KEYS}
+        fields, version = open_versioned_state(
+            state, kind=STATE_KIND, versions=versions, owner="RewardHackMitigator"
         )
+        old = version == 2
         mode = fields.raw("mode")
         if mode != self.guard.mode:
             msg = f"`state['mode']` must be this mitigator's mode {self.guard.mode!r}, got {describe(mode)}."
@@ -760,7 +756,9 @@ class RewardHackMitigator(_Observer):
 
     def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         """Observe the step's generation batches (each once), decide, apply, log; save a checkpoint if due."""
-        batch = self._source.poll(int(state.global_step)) if self._source is not None else None
+        if self._source is None:
+            return
+        batch = self._source.poll(int(state.global_step))
         if batch is not None or self._sync.active:  # every rank takes part, with or without a batch
             observation = None if batch is None else self._observation(batch)
             target = self.guard.rollback_target(int(state.global_step))
@@ -1017,7 +1015,9 @@ class EchoTrapCallback(_Observer):
 
     def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         """Classify the step's generation batches (each once) with the echo Guard; halt on TRAP."""
-        batch = self._source.poll(int(state.global_step)) if self._source is not None else None
+        if self._source is None:
+            return
+        batch = self._source.poll(int(state.global_step))
         if batch is not None and not batch.completions:
             batch = None
         if batch is None and not self._sync.active:
@@ -1171,17 +1171,11 @@ class RLCheckpointCallback(_Bound):
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_save", error, int(state.global_step))
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         """Save a checkpoint when due (after the mitigator's decision for this step)."""
-        if not self._ready or self._store is None:
+        if self._store is None:
             return
-        try:
-            mitigator = self._mitigator
-            extra = None if mitigator is None else mitigator.state_dict
-            main = bool(state.is_world_process_zero)
-            parts = _parts(self._trainer, args)
-            self._store.save(int(state.global_step), parts, main=main, extra_state=extra)
-        except Exception as error:  # the failure policy (module docs)
-            self._failed("on_step_end", error, int(state.global_step))
+        mitigator = self._mitigator
+        extra = None if mitigator is None else mitigator.state_dict
+        main = bool(state.is_world_process_zero)
+        self._store.save(int(state.global_step), _parts(self._trainer, args), main=main, extra_state=extra)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from loopguard._saved_state import decode_rollbacks, open_state
+from loopguard._saved_state import decode_rollbacks, open_versioned_state
 from loopguard._validation import check_bool, check_int
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._rollback import Parts, RollbackStore, restore_good
@@ -272,15 +272,9 @@ class LoopGuard:
             StateError: not a LoopGuard state of a readable version, unknown or missing keys, a bad value, or
                 a Guard state that does not fit this Guard. Nothing is changed then.
         """
-        version = state.get("version") if isinstance(state, Mapping) else None
-        old = version == 1 and not isinstance(version, bool)
-        fields = open_state(
-            state,
-            kind=_STATE_KIND,
-            version=1 if old else _STATE_VERSION,
-            keys=_STATE_KEYS_V1 if old else _STATE_KEYS,
-            owner="LoopGuard",
-        )
+        versions = {1: _STATE_KEYS_V1, _STATE_VERSION: _STATE_KEYS}
+        fields, version = open_versioned_state(state, kind=_STATE_KIND, versions=versions, owner="LoopGuard")
+        old = version == 1
         guard = self.guard.decode_state(fields.raw("guard"))
         if old:
             guard.episode.onset = fields.integer("onset", lo=0, optional=True)
