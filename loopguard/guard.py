@@ -521,6 +521,7 @@ class Guard:
     ) -> None:
         """Validate the configuration eagerly (see the class docstring)."""
         self.detectors: tuple[Detector, ...] = as_detectors(signals)
+        self._metrics = {d.name: d.metrics() for d in self.detectors}  # frozen configs: built once
         self.halt_on_hack = check_bool("halt_on_hack", halt_on_hack)
         self.smoothing: Smoother = as_smoother(smoothing)
         self.vote: Vote = as_vote(vote)
@@ -703,7 +704,7 @@ class Guard:
         )
 
     def _decode_memory(self, detector: Detector, fields: Fields, seen: int) -> _DetectorMemory:
-        metrics = {metric.key: metric for metric in detector.metrics()}
+        metrics = {metric.key: metric for metric in self._metrics[detector.name]}
         warm_fields = fields.sub("warm", keys=None)
         warm: dict[str, list[float]] = {}
         for key in warm_fields.names():
@@ -908,7 +909,7 @@ class Guard:
         """
         absolute = [
             score
-            for metric in detector.metrics()
+            for metric in self._metrics[detector.name]
             if metric.key in raw and (score := metric.absolute_score(raw[metric.key])) is not None
         ]
         relative = self._relative(detector, raw, warming)
@@ -919,7 +920,7 @@ class Guard:
     def _learn(self, detector: Detector, raw: dict[str, float], warming: bool) -> None:
         """Fill the warm-up buffer; once warmed up, turn it into the baseline (median and 1.4826 MAD)."""
         memory = self._memories[detector.name]
-        keys = {metric.key for metric in detector.metrics() if metric.baseline}
+        keys = {metric.key for metric in self._metrics[detector.name] if metric.baseline}
         for key, value in raw.items():
             if key in keys:
                 memory.warm.setdefault(key, []).append(value)
@@ -927,7 +928,7 @@ class Guard:
         if warming or max(counts, default=0) < 3:
             return
         memory.baseline = {}
-        for key in (metric.key for metric in detector.metrics() if metric.key in keys):
+        for key in (metric.key for metric in self._metrics[detector.name] if metric.key in keys):
             values = memory.warm.get(key, [])
             if len(values) >= 3:
                 baseline = robust_baseline(values)
@@ -941,7 +942,7 @@ class Guard:
             self._learn(detector, raw, warming)
             return None
         scores: dict[str, float] = {}
-        for metric in detector.metrics():
+        for metric in self._metrics[detector.name]:
             if metric.key in raw and metric.key in memory.baseline:
                 median, scale = memory.baseline[metric.key]
                 scores[metric.key] = metric.score(
@@ -1097,7 +1098,7 @@ class Guard:
             baseline = self._memories[name].baseline or {}
             details = [
                 _detail(metric, raw[f"{name}.{metric.key}"], baseline.get(metric.key))
-                for metric in detector.metrics()
+                for metric in self._metrics[detector.name]
                 if f"{name}.{metric.key}" in raw and (metric.key in baseline or metric.absolute is not None)
             ]
             detail = f" ({'; '.join(details)})" if details else ""
