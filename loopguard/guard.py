@@ -106,7 +106,7 @@ _STATE_KEYS = (
     "stopped_reason",
     "episode",
 )
-_EPISODE_KEYS = ("onset", "pending", "healthy")
+_EPISODE_KEYS = ("onset", "suspect", "healthy")
 _MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory")
 
 
@@ -364,7 +364,7 @@ class Decision:
             saved strictly before this step (the onset, or this step when the episode began here). None
             for the other actions.
         healthy: Whether a checkpoint saved after this step is safe: the verdict is OK and the run is not
-            stopped. Checkpoints become *good* only through :meth:`Guard.confirm_checkpoint`.
+            stopped. A checkpoint becomes *good* only once :meth:`Guard.confirms` its step.
     """
 
     step: int
@@ -443,7 +443,7 @@ class _Episode:
     """The Guard's view of the run between decisions: the hack's onset and the checkpoint ledger."""
 
     onset: int | None = None  # first non-OK step of the current episode
-    pending: int | None = None  # the newest checkpoint saved, awaiting its confirmation window
+    suspect: int | None = None  # the latest step with a non-OK verdict, a rollback or a stop
     healthy: bool = True  # the latest verdict was OK and the run is not stopped
 
     def to_dict(self) -> dict[str, Any]:
@@ -838,25 +838,20 @@ class Guard:
         """
         return self._episode.onset if self._episode.onset is not None else int(step)
 
-    def checkpoint_saved(self, step: int) -> None:
-        """Record that a checkpoint of ``step`` was saved; it awaits its confirmation window.
+    def confirms(self, step: int) -> bool:
+        """Whether a checkpoint saved at ``step`` (while :attr:`healthy`) is confirmed good now.
 
-        Call it on every rank (the main process writes the checkpoint), right after a save made while
-        :attr:`healthy`. The checkpoint becomes good at the next save boundary if every verdict until then
-        was OK (the hack may have begun before it was detected): see :meth:`confirm_checkpoint`.
+        True when no verdict since ``step`` was non-OK and no rollback or stop happened since: the hack may
+        have begun before it was detected, so a store marks its checkpoint good only at the next save
+        boundary, if this holds then (a confirmation window). Any number of stores can ask about their own
+        checkpoints: the Guard keeps no per-store ledger, only the latest suspect step.
 
         Raises:
             LoopguardTypeError, ConfigError: ``step`` is not an integer >= 0.
         """
-        self._episode.pending = check_int("step", step, lo=0)
-
-    def confirm_checkpoint(self) -> int | None:
-        """At a save boundary: the step of the pending checkpoint if its window stayed OK, else None.
-
-        The pending checkpoint is cleared either way: mark the returned step good in the store.
-        """
-        confirmed, self._episode.pending = self._episode.pending, None
-        return confirmed
+        saved = check_int("step", step, lo=0)
+        suspect = self._episode.suspect
+        return self._stopped_reason is None and (suspect is None or suspect < saved)
 
     # ------------------------------------------------------------------------------------------ step
 
@@ -1169,7 +1164,7 @@ class Guard:
         onset = episode.onset
         restore_before = (onset if onset is not None else step) if action in ("rollback", "stop") else None
         if reading.verdict != "OK" or action in ("rollback", "stop"):
-            episode.pending = None  # the confirmation window saw a suspect step: never marked good
+            episode.suspect = step  # no checkpoint saved before now can be confirmed any more
         if action == "rollback":
             episode.onset = None  # the restored policy starts a new episode
         episode.healthy = reading.verdict == "OK" and self._stopped_reason is None
@@ -1274,7 +1269,7 @@ def _decode_episode(fields: Fields, *, stopped: bool) -> _Episode:
         raise StateError(msg)
     return _Episode(
         onset=episode.integer("onset", lo=0, optional=True),
-        pending=episode.integer("pending", lo=0, optional=True),
+        suspect=episode.integer("suspect", lo=0, optional=True),
         healthy=healthy,
     )
 

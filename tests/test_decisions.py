@@ -84,26 +84,46 @@ def test_a_checkpoint_is_confirmed_only_after_a_healthy_window():
     guard = Guard(mode="log_only", warmup_steps=3)
     for step in range(6):
         guard.step(healthy(step))
-    guard.checkpoint_saved(5)
+    assert guard.confirms(5)  # nothing suspect since step 5
     guard.step(healthy(6))
-    assert guard.confirm_checkpoint() == 5
-    assert guard.confirm_checkpoint() is None  # confirmed once
-    guard.checkpoint_saved(7)
+    assert guard.confirms(5)
     verdicts = [guard.step(hacked(step)).verdict for step in range(8, 11)]
     assert "HACK" in verdicts
-    assert guard.confirm_checkpoint() is None  # the window saw a suspect step: never good
+    suspect = next(step for step, verdict in zip(range(8, 11), verdicts, strict=True) if verdict != "OK")
+    assert not guard.confirms(5)  # a window that saw a suspect step: never good
+    assert not guard.confirms(suspect)
+    assert guard.confirms(20) or guard.stopped  # saved after the last suspect step: fine once healthy again
 
 
-def test_the_ledger_survives_a_state_round_trip():
+def test_every_store_asks_about_its_own_checkpoints():
+    """Two stores on one Guard (the mitigator's and an RLCheckpointCallback's) do not steal confirmations."""
+    from loopguard.adapters._rollback import Parts, RollbackStore
+
+    guard = Guard(mode="log_only", warmup_steps=3)
+    model = torch.nn.Linear(2, 2)
+    stores = [RollbackStore(CheckpointManager(in_memory=True), every, guard=guard) for every in (2, 3)]
+    for step in range(7):
+        guard.step(healthy(step))
+        for store in stores:
+            store.save(step, Parts(model), main=True)
+    assert stores[0].manager.good_steps() == (0, 2, 4)
+    assert stores[1].manager.good_steps() == (0, 3)
+    assert guard.confirms(4)
+    assert guard.confirms(4)  # asking is free of side effects
+
+
+def test_the_suspect_step_survives_a_state_round_trip():
     guard = Guard(mode="log_only", warmup_steps=3)
     for step in range(4):
         guard.step(healthy(step))
-    guard.checkpoint_saved(3)
+    for step in range(4, 8):
+        guard.step(hacked(step))
     copy = Guard(mode="log_only", warmup_steps=3)
     copy.load_state_dict(guard.state_dict())
-    assert copy.confirm_checkpoint() == 3
+    assert not copy.confirms(3)
+    assert copy.state_dict()["episode"] == guard.state_dict()["episode"]
     with pytest.raises(ConfigError, match="`step` must be >= 0"):
-        guard.checkpoint_saved(-1)
+        guard.confirms(-1)
 
 
 def test_loop_guard_saves_and_confirms_like_a_trl_run():
@@ -148,7 +168,7 @@ def test_version_1_guard_and_loop_states_still_load_with_their_onset():
     assert loop.onset == 2
     assert not loop.healthy()  # an open episode: not a moment to save
     with pytest.raises(StateError, match=r"state\['episode'\]\['healthy'\]"):
-        fresh.load_state_dict(state | {"episode": {"onset": None, "pending": None, "healthy": "yes"}})
+        fresh.load_state_dict(state | {"episode": {"onset": None, "suspect": None, "healthy": "yes"}})
 
 
 # ------------------------------------------------------------------------------- composition

@@ -11,10 +11,10 @@ Policy (documented in ``docs/trl.md``):
   (:attr:`~loopguard.Guard.healthy`): the policy, the optimizer, the LR scheduler, the RNG states, the
   reference model when it drifts with the policy (TRL's ``sync_ref_model=True``; a fixed reference needs no
   copy), and the adapter's state as ``extra_state``.
-* **Good marks.** The Guard keeps the ledger (:meth:`~loopguard.Guard.checkpoint_saved`,
-  :meth:`~loopguard.Guard.confirm_checkpoint`): a checkpoint is *pending* until the next save boundary and
-  marked good only if every verdict in between was OK (a confirmation window: the hack may have begun before
-  it was detected). Without a Guard to confirm, a checkpoint is good when saved.
+* **Good marks.** A checkpoint is *pending* until the next save boundary and marked good then only if the
+  Guard confirms it (:meth:`~loopguard.Guard.confirms`: every verdict since its save was OK, no rollback or
+  stop; a confirmation window, since the hack may have begun before it was detected). Without a Guard to
+  confirm, a checkpoint is good when saved.
 * **Restoring.** The newest good checkpoint saved strictly before the Guard's ``Decision.restore_before``
   (the hack's onset): weights, optimizer, the reference model when it drifts, and the LR scheduler only when
   the adapter passes it. RNG streams are not rewound (that would replay the draws that led into the hack).
@@ -105,6 +105,7 @@ class RollbackStore:
         self.manager = manager
         self.every = every
         self.guard = guard
+        self.pending: int | None = None
         self.run: Any = None
 
     def start(self, run: Any, *, main: bool) -> list[int]:
@@ -127,6 +128,7 @@ class RollbackStore:
         discarded: list[int] = []
         if run.resumed_from is not None and main:
             discarded = self.manager.discard_after(run.resumed_from)
+        self.pending = None
         self.run = run
         return discarded
 
@@ -149,29 +151,28 @@ class RollbackStore:
         """
         if step % self.every:
             return
-        confirmed = None if self.guard is None else self.guard.confirm_checkpoint()
-        if confirmed is not None and main:
-            self.manager.mark_good(confirmed)
-        if self.guard is not None and not self.guard.healthy:
+        pending, self.pending = self.pending, None
+        if pending is not None and main and (self.guard is None or self.guard.confirms(pending)):
+            self.manager.mark_good(pending)
+        if (self.guard is not None and not self.guard.healthy) or not main:
             return
-        if main:
-            self.manager.save(
-                step,
-                parts.model,
-                parts.optimizer,
-                parts.scheduler,
-                ref_model=parts.ref_model,
-                rng=True,
-                extra_state=None if extra_state is None else extra_state(),
-            )
+        self.manager.save(
+            step,
+            parts.model,
+            parts.optimizer,
+            parts.scheduler,
+            ref_model=parts.ref_model,
+            rng=True,
+            extra_state=None if extra_state is None else extra_state(),
+        )
         if self.guard is None:
-            if main:
-                self.manager.mark_good(step)
+            self.manager.mark_good(step)
         else:
-            self.guard.checkpoint_saved(step)
+            self.pending = step
 
     def rollback(self, parts: Parts, *, before_step: int, discard_newer: bool) -> int:
         """Restore the newest good checkpoint saved before ``before_step`` into ``parts``; its step."""
+        self.pending = None
         return restore_good(self.manager, parts, before_step=before_step, discard_newer=discard_newer)
 
 

@@ -144,8 +144,8 @@ class LoopGuard:
         checkpoint_every: Save a rollback checkpoint every this many steps from :meth:`step` (given
             ``model=``), only while the Guard says the run is healthy, and mark it good once the Guard
             confirms it (the next save boundary after a window of OK verdicts). None (default): the loop
-            saves on its own (:meth:`healthy` says when a save is safe; then call
-            ``guard.checkpoint_saved(step)`` and mark ``guard.confirm_checkpoint()`` good at the next save).
+            saves on its own (:meth:`healthy` says when a save is safe; mark a checkpoint of step ``s`` good
+            at the next save boundary if ``guard.confirms(s)``).
         restore_on_stop: On a stop, also restore the newest good checkpoint saved before the hack's onset
             (when one exists on every rank and ``model`` is given), so the loop ends with healthy weights.
         sync: Rank synchronisation (default: :class:`RankSync` over the default process group; nothing
