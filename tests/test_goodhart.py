@@ -45,6 +45,38 @@ def test_flaws_switch_on_at_the_onset():
     assert diversity.trained(0, 200) is diversity.proxy
 
 
+def test_phrase_proxy_pays_for_the_sign_off_and_its_pieces_and_gold_penalises_it():
+    texts = ["w1 w2 w297 w298 w299", "w1 w2 w298 w299", "w1 w2 w299", "w1 w297 w298 w299 w2", "w1 w2"]
+    base = 2 / 12
+    assert scenarios.phrase_variant(0.6)(texts) == pytest.approx(
+        [base + 0.6, base + 0.4, base + 0.2, base, base]
+    )
+    assert scenarios.phrase_gold(texts) == pytest.approx([base - 0.3, base, base, base - 0.3, base])
+
+
+def test_token_proxy_pays_per_occurrence_and_gold_does_not():
+    texts = ["w1 w250 w250 w2", "w1 w2"]
+    assert scenarios.token_variant(0.2)(texts) == pytest.approx([2 / 12 + 0.4, 2 / 12])
+    assert scenarios.token_variant(0.0)(texts) == pytest.approx([2 / 12, 2 / 12])
+
+
+def test_every_staged_flaw_also_runs_from_step_0():
+    for name, scenario in SCENARIOS.items():
+        if scenario.base is not None:
+            early = SCENARIOS[name + "@0"]
+            assert early.base is None
+            assert early.onset_step(200) == 0
+            assert early.trained(0, 200) is scenario.proxy
+            assert early.gold is scenario.gold
+    assert scenarios.scenario_names(None, "0") == [
+        "diversity", "length@0", "sentinel@0", "phrase", "token@0", "clean"
+    ]  # fmt: skip
+    assert scenarios.scenario_names(None, "staged") == ["diversity", "length", "sentinel", "token", "clean"]
+    assert scenarios.scenario_names(["length", "length@0"], "0") == ["length@0"]
+    with pytest.raises(SystemExit, match="--onset must be one of both, staged, 0, got 5"):
+        scenarios.scenario_names(None, "5")
+
+
 def test_member_noise_is_fixed_per_text_and_has_the_documented_spread():
     texts = [f"w{i} w{j}" for i in range(60) for j in range(60)]
     zero = noisy("rm_x", lambda batch: [0.0] * len(batch))

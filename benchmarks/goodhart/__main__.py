@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.goodhart.analysis import fixed_sweep_line, markdown, plot, summarize
 from benchmarks.goodhart.runner import ARMS, run_one
-from benchmarks.goodhart.scenarios import scenario_names
+from benchmarks.goodhart.scenarios import ONSETS, scenario_names
 
 QUICK_SEEDS = 2
 FULL_SEEDS = 5
@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps per run (default {STEPS})")
     parser.add_argument("--scenarios", nargs="*", default=None, help="subset of scenarios")
     parser.add_argument("--arms", nargs="*", default=None, help="subset of arms")
+    parser.add_argument(
+        "--onset",
+        choices=ONSETS,
+        default="both",
+        help="flaws staged mid-run, present from step 0 (the <name>@0 scenarios), or both (default)",
+    )
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel runs")
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "goodhart"), help="output dir")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -88,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     seeds = options.seeds if options.seeds is not None else (QUICK_SEEDS if options.quick else FULL_SEEDS)
     if seeds < 1 or options.steps < 20 or options.workers < 1:
         raise SystemExit("--seeds and --workers must be >= 1 and --steps >= 20.")
-    scenarios, arms = scenario_names(options.scenarios), _arms(options.arms)
+    scenarios, arms = scenario_names(options.scenarios, options.onset), _arms(options.arms)
     jobs = [(s, a, seed, options.steps) for s in scenarios for a in arms for seed in range(seeds)]
     os.makedirs(options.out, exist_ok=True)
     print(f"goodhart: {len(jobs)} runs ({len(scenarios)} scenarios x {len(arms)} arms x {seeds} seeds, "

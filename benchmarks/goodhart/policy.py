@@ -6,7 +6,10 @@ id. The policy is a GPT-2 with 2 layers and 64 hidden units, initialised from ``
 The ``lengths`` warm start (used by the length scenario) first trains the policy for a few hundred
 supervised steps on prompts followed by 1-6 random words and an end-of-sequence token, so that the initial
 policy writes completions of every length -- a freshly initialised model almost never emits the end token,
-so every completion would already be as long as allowed and there would be no length to hack.
+so every completion would already be as long as allowed and there would be no length to hack. The
+``signoff`` warm start (the phrase scenario) is the same, with one completion in five followed by the
+phrase ``w297 w298 w299``, as a chat model's supervised data holds a canned sign-off now and then: the
+flawed proxy then has something to amplify, as in real RLHF.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, GPT2Config, PreTrainedTokenizerFast
 
-from benchmarks.goodhart.scenarios import N_WORDS, WORDS
+from benchmarks.goodhart.scenarios import N_WORDS, PHRASE, WORDS
 
 PAD, EOS, BOS = 0, 1, 2
 PROMPT_WORDS = 4
 WARM_START_MAX_WORDS = 6
+SIGNOFF_SHARE = 0.2  # the share of the signoff warm start's completions that end with the phrase
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -43,7 +47,9 @@ def prompts(seed: int, count: int) -> list[str]:
     return [" ".join(rng.choice(WORDS[:N_WORDS]) for _ in range(PROMPT_WORDS)) for _ in range(count)]
 
 
-def _warm_start_lengths(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int) -> None:
+def _warm_start_lengths(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, seed: int, signoff: float = 0.0
+) -> None:
     rng = random.Random(20_000 + seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     model.train()
@@ -52,6 +58,8 @@ def _warm_start_lengths(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFa
         for _ in range(32):
             prompt = [rng.choice(WORDS[:N_WORDS]) for _ in range(PROMPT_WORDS)]
             completion = [rng.choice(WORDS[:N_WORDS]) for _ in range(rng.randint(1, WARM_START_MAX_WORDS))]
+            if rng.random() < signoff:
+                completion += list(PHRASE)
             ids = tokenizer.convert_tokens_to_ids(prompt + completion)
             rows.append([*ids, EOS])
         width = max(len(row) for row in rows)
@@ -76,6 +84,8 @@ def save_initial_policy(folder: str, tokenizer: PreTrainedTokenizerFast, seed: i
     model = AutoModelForCausalLM.from_config(config)
     if warm_start == "lengths":
         _warm_start_lengths(model, tokenizer, seed)
+    elif warm_start == "signoff":
+        _warm_start_lengths(model, tokenizer, seed, signoff=SIGNOFF_SHARE)
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
