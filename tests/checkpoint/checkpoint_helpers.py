@@ -52,3 +52,28 @@ def assert_same_tensors(left, right):
     for key in left:
         assert left[key].dtype == right[key].dtype, key
         assert torch.equal(left[key], right[key]), key
+
+
+def two_step_store(folder):
+    """A store in ``folder`` with steps 5 and 10 saved (every part: reference, rollout buffer, extra state),
+    step 5 marked good, and the live run's ``(model, optimizer, scheduler, ref_model)``."""
+    import torch
+
+    from loopguard.checkpoint import CheckpointManager
+
+    model, optimizer, scheduler = make_mlp(0)
+    ref_model, _, _ = make_mlp(1)
+    manager = CheckpointManager(folder)
+    for step in (5, 10):
+        train_step(model, optimizer, scheduler)
+        manager.save(
+            step,
+            model,
+            optimizer,
+            scheduler,
+            ref_model=ref_model,
+            rollout_buffer={"ids": torch.arange(6), "note": "x"},
+            extra_state={"step": step},
+        )
+    manager.mark_good(5)
+    return manager, (model, optimizer, scheduler, ref_model)

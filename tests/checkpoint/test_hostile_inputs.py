@@ -29,7 +29,7 @@ import warnings
 
 import pytest
 import torch
-from checkpoint_helpers import make_mlp, train_step
+from checkpoint_helpers import make_mlp, train_step, two_step_store
 
 from loopguard.checkpoint import CheckpointError, CheckpointManager, CheckpointWriteError
 from loopguard.checkpoint._io import read_small, read_verified
@@ -118,22 +118,8 @@ def _record(path, name, size=None, data=None):
 @pytest.fixture
 def store(tmp_path):
     """A store with good step 5 and step 10 (every part saved), and the live objects of the run."""
-    model, optimizer, scheduler = make_mlp(0)
-    ref_model, _, _ = make_mlp(1)
-    manager = CheckpointManager(tmp_path / "store")
-    for step in (5, 10):
-        train_step(model, optimizer, scheduler)
-        manager.save(
-            step,
-            model,
-            optimizer,
-            scheduler,
-            ref_model=ref_model,
-            rollout_buffer={"ids": torch.arange(6), "note": "x"},
-            extra_state={"step": step},
-        )
-    manager.mark_good(5)
-    return manager, tmp_path / "store", (model, optimizer, scheduler, ref_model)
+    manager, objects = two_step_store(tmp_path / "store")
+    return manager, tmp_path / "store", objects
 
 
 def _restore(manager, objects, step=10):

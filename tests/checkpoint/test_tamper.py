@@ -9,9 +9,9 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from checkpoint_helpers import make_mlp, optimizer_tensors, params, train_step
+from checkpoint_helpers import make_mlp, optimizer_tensors, params, train_step, two_step_store
 
-from loopguard.checkpoint import CheckpointError, CheckpointManager
+from loopguard.checkpoint import CheckpointError
 
 FILES = [
     "model.safetensors",
@@ -29,23 +29,9 @@ FILES = [
 @pytest.fixture
 def store(tmp_path):
     """A store with good step 5 and step 10 (the one tampered with), and a live run that moved on."""
-    model, optimizer, scheduler = make_mlp(0)
-    ref_model, _, _ = make_mlp(1)
-    manager = CheckpointManager(tmp_path / "store")
-    for step in (5, 10):
-        train_step(model, optimizer, scheduler)
-        manager.save(
-            step,
-            model,
-            optimizer,
-            scheduler,
-            ref_model=ref_model,
-            rollout_buffer={"ids": torch.arange(6), "note": "x"},
-            extra_state={"step": step},
-        )
-    manager.mark_good(5)
-    train_step(model, optimizer, scheduler)
-    return manager, tmp_path / "store" / "step-00000010", (model, optimizer, scheduler, ref_model)
+    manager, objects = two_step_store(tmp_path / "store")
+    train_step(*objects[:3])  # the live run moved on
+    return manager, tmp_path / "store" / "step-00000010", objects
 
 
 def _live(objects):
