@@ -61,7 +61,7 @@ from loopguard.signals._smoothing import (
     ema_update,
     rolling_median,
 )
-from loopguard.signals._trend import TrendMethod
+from loopguard.signals._trend import TrendMethod, mann_kendall_z, series_slope
 
 __all__ = [
     "MAX_MEDIAN_WINDOW",
@@ -95,6 +95,7 @@ __all__ = [
     "length_stratified_gain",
     "length_trend",
     "mahalanobis_outlier_fraction",
+    "mann_kendall_z",
     "ngram_repetition_rate",
     "relative_drop",
     "reward_drift",
@@ -102,6 +103,7 @@ __all__ = [
     "reward_length_slope",
     "robust_baseline",
     "rolling_median",
+    "series_slope",
     "squared_mahalanobis_distances",
     "zero_std_group_fraction",
 ]

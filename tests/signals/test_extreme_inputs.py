@@ -115,6 +115,19 @@ def test_trend_kernels_finite_or_input_error(series):
     for method in ("ols", "theil_sen"):
         check(lambda method=method: signals.entropy_trend(series, method=method))
         check(lambda method=method: signals.length_trend(series, method=method))
+        check(lambda method=method: signals.series_slope(series, method=method))
+
+
+@COMMON
+@given(series=vectors(max_size=12, elements=st.one_of(VALUES, EXTREMES)))
+def test_mann_kendall_z_is_bounded_and_order_equivariant(series):
+    z = check(lambda: signals.mann_kendall_z(series))
+    if z is None:
+        return
+    n = len(series)
+    bound = math.sqrt(n * (n - 1) * (2 * n + 5) / 18) if n >= 3 else 0.0  # |S| <= n(n-1)/2, no ties
+    assert abs(z) <= max(bound, 1e-12) + 1e-9
+    assert check(lambda: signals.mann_kendall_z(series[::-1])) == pytest.approx(-z, abs=1e-12)
 
 
 @COMMON
@@ -243,9 +256,10 @@ def test_every_public_kernel_is_covered():
     covered = {
         "as_token_batch", "classify_drop", "classify_echo", "cluster_separation_index", "cusum", "distinct_n",
         "ema", "ema_update", "ensemble_disagreement", "ensemble_reward", "entropy_trend", "group_reward_std",
-        "length_stratified_gain", "length_trend", "mahalanobis_outlier_fraction", "ngram_repetition_rate",
-        "relative_drop", "reward_drift", "reward_length_correlation", "reward_length_slope",
-        "robust_baseline", "rolling_median", "squared_mahalanobis_distances", "zero_std_group_fraction",
+        "length_stratified_gain", "length_trend", "mahalanobis_outlier_fraction", "mann_kendall_z",
+        "ngram_repetition_rate", "relative_drop", "reward_drift", "reward_length_correlation",
+        "reward_length_slope", "robust_baseline", "rolling_median", "series_slope",
+        "squared_mahalanobis_distances", "zero_std_group_fraction",
     }  # fmt: skip
     # token kernels take integer ids: their whole int64 range is covered in test_input_kinds.py
     public = {name for name in signals.__all__ if name[0].islower()}

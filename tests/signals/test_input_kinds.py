@@ -55,6 +55,8 @@ CASES: list[tuple[str, Kernel, dict[str, Any]]] = [
     ("zero_std_group_fraction", signals.zero_std_group_fraction, {"rewards": REWARDS, "group_size": 2}),
     ("entropy_trend", signals.entropy_trend, {"mean_entropies": REWARDS}),
     ("length_trend", signals.length_trend, {"mean_lengths": REWARDS}),
+    ("mann_kendall_z", signals.mann_kendall_z, {"values": REWARDS}),
+    ("series_slope", signals.series_slope, {"values": REWARDS}),
     ("reward_length_correlation", signals.reward_length_correlation, {"rewards": REWARDS, "lengths": LENGTHS}),
     ("reward_length_slope", signals.reward_length_slope, {"rewards": REWARDS, "lengths": LENGTHS}),
     (
