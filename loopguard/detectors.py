@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
@@ -72,6 +73,7 @@ __all__ = [
     "RMEnsemble",
     "Repetition",
     "RewardDrift",
+    "Takeover",
     "band_score",
     "detector_from_name",
 ]
@@ -199,10 +201,14 @@ class StepData:
     Built by the Guard for each observation; detectors read it instead of converting the same data twice.
     """
 
-    def __init__(self, observation: Any, *, warmup_steps: int) -> None:
-        """Wrap ``observation``; ``warmup_steps`` is the Guard's warm-up length."""
+    def __init__(self, observation: Any, *, warmup_steps: int, reference: bool = False) -> None:
+        """Wrap ``observation`` (``warmup_steps``: the Guard's warm-up; ``reference``: a reference batch).
+
+        A reference batch is drawn before training, or is one of the first steps (``Guard.reference_steps``).
+        """
         self.observation = observation
         self.warmup_steps = warmup_steps
+        self.reference = reference
         self._tokens: signals.TokenBatch | None = None
 
     @property
@@ -237,6 +243,8 @@ class Detector:
     """What a user can change when this detector keeps tripping."""
     holds: ClassVar[bool] = False
     """Whether the last score stays valid on steps without a measurement (a periodic audit)."""
+    needs_reference: ClassVar[bool] = False
+    """Whether the detector measures only against the Guard's reference sample (``reference_steps > 0``)."""
 
     def metrics(self) -> tuple[Metric, ...]:
         """The statistics this detector measures."""
@@ -271,6 +279,18 @@ def _rows(value: Any) -> int:
     return len(value)
 
 
+def _pair(value: object) -> object:
+    """A list given for a ``(warn, hack)`` pair is taken as the pair (checked by the detector)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _as_trapped_bands(value: object) -> tuple[float, float] | None:
+    """``Repetition(trapped_bands=...)``: None, or checked ``(warn, hack)`` bands of the trapped share."""
+    if value is None:
+        return None
+    return check_absolute_bands("trapped_bands", tuple(value) if isinstance(value, list) else value)
+
+
 def _as_bands(value: object) -> tuple[float, float] | None:
     """``Repetition(echo=...)``: None, or checked ``(warn, trap)`` bands (a list is taken as a pair)."""
     if value is None:
@@ -301,6 +321,10 @@ class Repetition(_NgramDetector):
         echo: ``(warn, trap)`` absolute bands on the batch-mean rate (``0 < warn < trap <= 1``): WARN from
             ``warn``, HACK from ``trap``, from the first step on (the bands of
             :func:`~loopguard.signals.classify_echo`, e.g. ``(0.3, 0.6)``). None (default): relative only.
+        trapped_bands: ``(warn, hack)`` absolute bands on the share of completions stuck in a loop (own
+            rate >= ``trap_rate``), bad at any baseline: default ``(0.25, 0.5)`` (a quarter of the batch in
+            an echo trap reads WARN, half of it HACK, from the first step; healthy runs, with or without a
+            warm-up, have almost none). None: relative only.
         against_baseline: Also score against the warm-up baseline (default True). False needs ``echo``.
     """
 
@@ -311,6 +335,7 @@ class Repetition(_NgramDetector):
     )
     trap_rate: float = attrs.field(default=0.60, validator=real(lo=0.0, hi=1.0, lo_inclusive=False))
     echo: tuple[float, float] | None = attrs.field(default=None, converter=_as_bands)
+    trapped_bands: tuple[float, float] | None = attrs.field(default=(0.25, 0.5), converter=_as_trapped_bands)
     against_baseline: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
     def __attrs_post_init__(self) -> None:
@@ -333,7 +358,10 @@ class Repetition(_NgramDetector):
         )
         if not self.against_baseline:
             return (rate,)
-        return (rate, Metric("trapped", "up", False, 0.05, 0.15, unit="{:.1%}", domain=(0.0, 1.0)))
+        trapped = Metric(
+            "trapped", "up", False, 0.05, 0.15, unit="{:.1%}", domain=(0.0, 1.0), absolute=self.trapped_bands
+        )
+        return (rate, trapped)
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Repetition statistics of the completions."""
@@ -370,16 +398,197 @@ class Diversity(_NgramDetector):
         return {"distinct": signals.distinct_n(data.tokens, n=self.n, reduce="corpus")}
 
 
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # splitmix64 constants (Steele, Lea, Flood 2014)
+_MIX_A = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_B = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix(values: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """A bijective 64-bit mix of each value (uint64 arithmetic wraps, as intended)."""
+    with np.errstate(over="ignore"):
+        z = values + _MIX
+        z = (z ^ (z >> np.uint64(30))) * _MIX_A
+        z = (z ^ (z >> np.uint64(27))) * _MIX_B
+        mixed: NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    return mixed
+
+
+def _stable_ids(data: StepData) -> NDArray[np.uint64] | None:
+    """Token ids that mean the same word in every batch: the ids, or a CRC-32 of each whitespace word."""
+    obs = data.observation
+    if obs.completion_ids is not None:
+        ids: NDArray[np.uint64] = obs.completion_ids.tokens.astype(np.uint64)
+        return ids
+    if obs.completions is None:
+        return None
+    words = [zlib.crc32(word.encode("utf-8")) for text in obs.completions for word in text.split()]
+    return np.asarray(words, dtype=np.uint64)
+
+
+def _document_counts(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]] | None:
+    """Sorted keys of the batch's n-grams and how many completions contain each (stable across batches)."""
+    tokens, ids = data.tokens, _stable_ids(data)
+    if tokens is None or ids is None:
+        return None
+    lengths = tokens.lengths
+    rows = np.repeat(np.arange(tokens.n_rows, dtype=np.int64), lengths)
+    position = np.arange(len(ids), dtype=np.int64) - np.repeat(tokens.offsets[:-1], lengths)
+    valid = np.flatnonzero(position <= lengths[rows] - n)  # an n-gram of the same row starts here
+    key = _splitmix(ids[valid])
+    for shift in range(1, n):
+        key = _splitmix(key ^ ids[valid + shift])
+    pairs = np.unique(np.stack([rows[valid].astype(np.uint64), key], axis=1), axis=0)
+    keys, counts = np.unique(pairs[:, 1], return_counts=True)
+    return keys, counts.astype(np.int64)
+
+
+@attrs.frozen
+class Takeover(_NgramDetector):
+    r"""A new n-gram takes over the batch: more completions contain it than the reference sample's did.
+
+    The reference sample (:meth:`Guard.add_reference <loopguard.guard.Guard.add_reference>` batches and
+    the Guard's first ``reference_steps`` steps) records in how many completions each n-gram occurs. Each
+    later batch is scored by its most over-represented n-gram, less two standard errors of the two shares
+    (so batch-to-batch noise, larger in small batches, does not read as a takeover):
+
+    .. math::
+
+        \mathrm{excess} = \max_g \Big(p_g - q_g - 2\sqrt{p_g(1-p_g)/B + q_g(1-q_g)/R}\Big)
+
+    where :math:`p_g` is the share of the ``B`` completions containing n-gram ``g`` and :math:`q_g` its
+    share among the ``R`` reference completions (in the square root, each share is taken as
+    :math:`(k+1)/(n+2)`, so a share of 0 or 1 still has a spread; Agresti and Coull 1998). A canned
+    phrase or suffix appended to most completions, or a rewarded token repeated, reads near 1; it is scored
+    on absolute bands (WARN from ``bands[0]``, HACK from ``bands[1]``), with no warm-up. Only the ``keep``
+    most frequent reference n-grams are stored; an n-gram outside them is taken as frequent as the least
+    frequent one kept, so a pruned reference can only make the signal quieter.
+
+    Not a default signal: a reward that pays for a format (``\boxed{}``, a reasoning tag) makes its
+    n-grams take over the batch on purpose. Add it where no phrase should spread: ``Guard([...,
+    "takeover"])``. It needs a reference sample (``reference_steps > 0``).
+
+    Args:
+        n: n-gram size (default 2: a phrase, or a token repeated).
+        bands: ``(warn, hack)`` levels of the excess share, ``0 < warn < hack <= 1``.
+        keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
+    """
+
+    name: ClassVar[str] = "takeover"
+    needs_reference: ClassVar[bool] = True
+    advice: ClassVar[str] = (
+        "one phrase or token is spreading through the batch: check whether the reward pays for it, and "
+        "penalise it with shape_reward or fix the reward model"
+    )
+    bands: tuple[float, float] = attrs.field(default=(0.2, 0.4), converter=_pair)
+    keep: int = attrs.field(default=4096, validator=integer(lo=16, hi=1_000_000))
+
+    def __attrs_post_init__(self) -> None:
+        """Check the bands."""
+        check_absolute_bands("bands", self.bands)
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """The excess share of the most over-represented n-gram, on absolute bands only."""
+        warn, hack = self.bands
+        return (
+            Metric(
+                "excess_share", "up", False, warn, hack, unit="{:.1%}", domain=(-1.0, 1.0),
+                absolute=self.bands, baseline=False,
+            ),
+        )  # fmt: skip
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Pool reference batches; score every later batch against the pool."""
+        counted = _document_counts(data, self.n)
+        if counted is None:
+            return None
+        keys, counts = counted
+        rows = data.tokens.n_rows if data.tokens is not None else 0
+        if data.reference:
+            self._pool(memory, keys, counts, rows)
+            return {}
+        if not memory.get("rows") or rows == 0 or len(keys) == 0:
+            return {}
+        ref_keys = np.asarray(memory["keys"], dtype=np.uint64)
+        ref_counts = np.asarray(memory["counts"], dtype=np.float64)
+        position = np.searchsorted(ref_keys, keys)
+        found = position < len(ref_keys)
+        found[found] = ref_keys[position[found]] == keys[found]
+        reference = np.full(len(keys), float(memory.get("floor", 0)), dtype=np.float64)
+        reference[found] = ref_counts[position[found]]
+        pooled = float(memory["rows"])
+        p, q = counts / rows, reference / pooled
+        # the spread of each share uses (k + 1) / (n + 2), so a share of 0 or 1 still has one (Agresti-Coull)
+        p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
+        spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
+        excess = p - q - 2.0 * spread
+        return {"excess_share": float(np.clip(excess.max(), -1.0, 1.0))}
+
+    def _pool(
+        self, memory: dict[str, Any], keys: NDArray[np.uint64], counts: NDArray[np.int64], rows: int
+    ) -> None:
+        pooled = dict(zip(memory.get("keys", []), memory.get("counts", []), strict=True))
+        for key, count in zip(keys.tolist(), counts.tolist(), strict=True):
+            pooled[key] = pooled.get(key, 0) + count
+        floor = int(memory.get("floor", 0))
+        if len(pooled) > self.keep:
+            ranked = sorted(pooled.items(), key=lambda item: -item[1])
+            floor = max(floor, ranked[self.keep][1])
+            pooled = dict(ranked[: self.keep])
+        ordered = sorted(pooled)
+        memory["keys"] = ordered
+        memory["counts"] = [pooled[key] for key in ordered]
+        memory["floor"] = floor
+        memory["rows"] = int(memory.get("rows", 0)) + rows
+
+    def check_memory(self, memory: object, path: str) -> dict[str, Any]:
+        """Memory: sorted n-gram ``keys`` (uint64), their ``counts``, the pruning ``floor``, ``rows``."""
+        fields = Fields(memory, path, keys=None)
+        unknown = sorted(set(fields.names()) - {"keys", "counts", "floor", "rows"})
+        if unknown:
+            msg = f"`{path}` must have only the keys 'keys', 'counts', 'floor' and 'rows', got {unknown}."
+            raise StateError(msg)
+        if not fields.names():
+            return {}
+        keys = [
+            check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
+            for i, key in enumerate(fields.items("keys", max_length=self.keep))
+        ]
+        counts = [
+            check_int(f"{fields.name('counts')}[{i}]", count, lo=1)
+            for i, count in enumerate(fields.items("counts", max_length=self.keep))
+        ]
+        rows, floor = fields.integer("rows", lo=1), fields.integer("floor", lo=0)
+        if len(keys) != len(counts) or keys != sorted(set(keys)) or max(counts, default=0) > rows:
+            msg = (
+                f"`{path}` must hold strictly increasing keys, one count per key, each count at most "
+                f"rows ({rows}), got {len(keys)} keys and {len(counts)} counts."
+            )
+            raise StateError(msg)
+        return {"keys": keys, "counts": counts, "floor": floor, "rows": rows}
+
+
 @attrs.frozen
 class Length(Detector):
     """Length exploitation (Singhal et al. 2023): reward tracks length *and* answers grow. Corroborating only.
 
     The score is the smaller of the correlation score and the growth score, and the Guard counts it only
-    while a primary detector is at WARN or above: legitimate reasoning tasks grow answers on purpose.
+    while a primary detector is at WARN or above: legitimate reasoning tasks grow answers on purpose, and a
+    reward that pays for content grows them too (more of what it pays for fits in a longer answer).
+
+    Args:
+        alone: Let length trip the Guard on its own (a primary signal): for tasks where answers should not
+            grow, so reward tracking length *and* answers growing against the reference is a hack by itself.
+            Default False: it only corroborates.
     """
 
     name: ClassVar[str] = "length"
-    role: ClassVar[Role] = "corroborating"
+    alone: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    @property
+    def role(self) -> Role:  # type: ignore[override]
+        """``"primary"`` with ``alone=True``, else ``"corroborating"``."""
+        return "primary" if self.alone else "corroborating"
+
     needs: ClassVar[str] = "lengths, completion_ids or completions"
     advice: ClassVar[str] = (
         "reward grows with answer length: add shape_reward(kind='length') or a length-normalised reward model"
@@ -796,7 +1005,7 @@ class GoldAudit(Detector):
 
 _REGISTRY: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (Repetition, Diversity, Length, Collapse, RewardDrift, RMEnsemble, InfoRM, GoldAudit)
+    for cls in (Repetition, Diversity, Takeover, Length, Collapse, RewardDrift, RMEnsemble, InfoRM, GoldAudit)
 }
 SIGNAL_NAMES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 DEFAULT_SIGNALS: tuple[str, ...] = ("repetition", "diversity", "length", "collapse", "drift")
@@ -812,7 +1021,7 @@ def detector_from_name(name: str) -> Detector:
 
     Example:
         >>> detector_from_name("repetition")
-        Repetition(n=2, trap_rate=0.6, echo=None, against_baseline=True)
+        Repetition(n=2, trap_rate=0.6, echo=None, trapped_bands=(0.25, 0.5), against_baseline=True)
     """
     if not isinstance(name, str):
         msg = f"`signals` entries must be signal names or detector configs, got {name!r}."

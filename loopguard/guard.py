@@ -76,15 +76,15 @@ from loopguard.detectors import (
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
-from loopguard.signals import TokenBatch, as_token_batch, robust_baseline
+from loopguard.signals import TokenBatch, as_token_batch, mann_kendall_z, robust_baseline, series_slope
 
 __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
 
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
 OnError = Literal["warn", "raise"]
 
-STATE_VERSION = 2
-_READABLE_VERSIONS = (1, 2)  # version 1 had no "episode" (the adapters kept the onset)
+STATE_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)  # 1 had no "episode" (the adapters kept the onset); 2 no reference sample
 _PRESETS: dict[str, type[Any]] = {
     "kl_control": BangBang,
     "pid_lagrangian": PIDLagrangian,
@@ -105,9 +105,13 @@ _STATE_KEYS = (
     "said",
     "stopped_reason",
     "episode",
+    "reference_batches",
 )
 _EPISODE_KEYS = ("onset", "suspect", "healthy")
-_MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory")
+_MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory", "reference")
+_MAX_REFERENCE_BATCHES = 64  # reference batches kept per statistic (add_reference plus the first steps)
+_TREND_Z = 2.33  # Mann-Kendall z of a warm-up trend toward a hack: one-sided p < 0.01
+_TREND_MIN_POINTS = 6  # fewest warm-up values a trend is tested on
 
 
 # ---------------------------------------------------------------------------------------------- Observation
@@ -406,6 +410,9 @@ class _Reading:
     errors: list[str] = attrs.field(factory=list)
     warming: bool = False
     drift_held: bool = False
+    in_reference: bool = False  # the step's batch completes the reference sample
+    staged: dict[str, dict[str, float]] = attrs.field(factory=dict)  # warm-up values kept if the step is OK
+    trends: list[str] = attrs.field(factory=list)  # warm-up trends toward a hack, in words
 
 
 @attrs.define
@@ -416,6 +423,7 @@ class _DetectorMemory:
     score: float = 0.0
     smoothed: float = 0.0
     memory: dict[str, Any] = attrs.field(factory=dict)
+    reference: dict[str, list[float]] = attrs.field(factory=dict)  # metric -> values on reference batches
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False)
@@ -436,6 +444,7 @@ class DecodedState:
     said: set[str]
     stopped_reason: str | None
     episode: _Episode
+    reference_batches: int = 0
 
 
 @attrs.define
@@ -484,7 +493,18 @@ class Guard:
             ``Conservative(tolerance=0.2)`` (default: the max when the scores disagree by more than the
             tolerance, else the mean),
             ``Mean()``, ``Max()`` or ``KOfN(k=2)`` (the k-th largest); or one of their names.
-        warmup_steps: Steps used to learn each signal's baseline (median and MAD); no action before.
+        warmup_steps: Steps used to learn each signal's baseline (median and MAD) from the reference sample
+            and the warm-up steps the Guard read as healthy.
+        reference_steps: Batches of the *reference sample*, the evidence that precedes any exploit: the
+            batches given to :meth:`add_reference` (drawn from the reference policy before training), then
+            the first training steps (the first generation batch comes from a policy equal to the
+            reference) until there are this many. From then on every relative statistic is also scored
+            during the warm-up, against the reference median, so a flaw present from step 0 is seen while
+            the warm-up would learn it as normal; a warm-up step that reads WARN or HACK, or a statistic
+            that moves steadily toward a hack during the warm-up (Mann-Kendall trend, z >= 2.33, by more
+            than its WARN band), is kept out of the baseline. ``0`` turns the reference off: the baseline
+            is then every warm-up step, and nothing relative is scored before it exists (see
+            ``docs/guard.md``, "Where baselines come from", for what that loses).
         beta: The user's starting KL coefficient; taken from the first ``Observation.beta`` when omitted.
         warn_level: Vote at which the verdict is WARN.
         hack_level: Vote at which the verdict is HACK.
@@ -511,6 +531,7 @@ class Guard:
         smoothing: Smoother | str = "median",
         vote: Vote | str = "conservative",
         warmup_steps: int = 20,
+        reference_steps: int = 3,
         beta: float | None = None,
         warn_level: float = WARN_LEVEL,
         hack_level: float = HACK_LEVEL,
@@ -526,6 +547,8 @@ class Guard:
         self.smoothing: Smoother = as_smoother(smoothing)
         self.vote: Vote = as_vote(vote)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, lo=3, hi=1_000_000)
+        limit = min(self.warmup_steps, _MAX_REFERENCE_BATCHES)
+        self.reference_steps = check_int("reference_steps", reference_steps, lo=0, hi=limit)
         self.warn_level = check_real("warn_level", warn_level, lo=0.0, hi=1.0, lo_inclusive=False)
         self.hack_level = check_real("hack_level", hack_level, lo=0.0, hi=1.0, lo_inclusive=False)
         if self.hack_level <= self.warn_level:
@@ -537,6 +560,13 @@ class Guard:
             msg = f"`sigma_hack` must be >= sigma_warn ({self.sigma_warn}), got {self.sigma_hack}."
             raise ConfigError(msg)
         self.drift_guard = check_bool("drift_guard", drift_guard)
+        anchored = [d.name for d in self.detectors if d.needs_reference]
+        if anchored and not self.reference_steps:
+            msg = (
+                f"signal(s) {anchored} measure against the reference sample: `reference_steps` must be > 0 "
+                "with them, got 0."
+            )
+            raise ConfigError(msg)
         self.on_error: OnError = check_choice("on_error", on_error, get_args(OnError))  # type: ignore[assignment]
         self.base_beta = None if beta is None else _config_beta(beta)
 
@@ -573,12 +603,14 @@ class Guard:
         self._said: set[str] = set()
         self._stopped_reason: str | None = None
         self._episode = _Episode()
+        self._reference_batches = 0
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
             "signals": [d.name for d in self.detectors],
             "warmup_steps": self.warmup_steps,
+            "reference_steps": self.reference_steps,
             "vote": self.vote.name,
             "smoothing": self.smoothing.name,
             "ladder": self.ladder is not None,
@@ -590,7 +622,7 @@ class Guard:
         Example:
             >>> import json
             >>> json.loads(json.dumps(Guard(mode="log_only").state_dict()))["version"]
-            2
+            3
         """
         return {
             "version": STATE_VERSION,
@@ -605,6 +637,7 @@ class Guard:
             "said": sorted(self._said),
             "stopped_reason": self._stopped_reason,
             "episode": self._episode.to_dict(),
+            "reference_batches": self._reference_batches,
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | DecodedState) -> None:
@@ -653,8 +686,12 @@ class Guard:
         if isinstance(version, bool) or version not in _READABLE_VERSIONS:
             msg = f"`state['version']` must be {STATE_VERSION}, got {describe(version)}."
             raise StateError(msg)
-        fields = Fields(state, "state", keys=_STATE_KEYS if version == STATE_VERSION else _STATE_KEYS[:-1])
+        fields = Fields(state, "state", keys=_STATE_KEYS[: len(_STATE_KEYS) - (3 - version)])
         saved, current = fields.sub("config", keys=None), self._fingerprint()
+        if (
+            version < 3
+        ):  # saved before the reference sample: its memory has none, any reference_steps resumes it
+            current = {key: value for key, value in current.items() if key != "reference_steps"}
         for key, value in current.items():
             if key not in saved or saved.raw(key) != value:
                 msg = (
@@ -665,8 +702,9 @@ class Guard:
         Fields(saved.payload, saved.path, keys=current)  # no unknown configuration keys either
         seen = fields.integer("seen", lo=0)
         detectors = fields.sub("detectors", keys=[d.name for d in self.detectors])
+        memory_keys = _MEMORY_KEYS if version >= 3 else _MEMORY_KEYS[:-1]
         memories = {
-            d.name: self._decode_memory(d, detectors.sub(d.name, keys=_MEMORY_KEYS), seen)
+            d.name: self._decode_memory(d, detectors.sub(d.name, keys=memory_keys), seen)
             for d in self.detectors
         }
         vote = fields.real("vote", lo=0.0, hi=1.0)
@@ -689,8 +727,16 @@ class Guard:
             msg = "`state['stopped_reason']` must explain the stop the ladder recorded, got None."
             raise StateError(msg)
         episode = _decode_episode(fields, stopped=stopped_reason is not None)
+        reference_batches = 0
+        if "reference_batches" in fields:
+            reference_batches = fields.integer("reference_batches", lo=0, hi=_MAX_REFERENCE_BATCHES)
+            if reference_batches and not self.reference_steps:
+                msg = (
+                    f"`state['reference_batches']` must be 0 with reference_steps=0, got {reference_batches}."
+                )
+                raise StateError(msg)
         return DecodedState(
-            config=current,
+            config=self._fingerprint(),
             seen=seen,
             memories=memories,
             vote=vote,
@@ -701,6 +747,7 @@ class Guard:
             said=set(said),
             stopped_reason=stopped_reason,
             episode=episode,
+            reference_batches=reference_batches,
         )
 
     def _decode_memory(self, detector: Detector, fields: Fields, seen: int) -> _DetectorMemory:
@@ -745,11 +792,30 @@ class Guard:
                     )
                     raise StateError(msg)
                 baseline[key] = pair
+        reference: dict[str, list[float]] = {}
+        if "reference" in fields:
+            ref_fields = fields.sub("reference", keys=None)
+            for key in ref_fields.names():
+                if key not in metrics or not metrics[key].baseline:
+                    known = sorted(k for k, metric in metrics.items() if metric.baseline)
+                    name = ref_fields.name(key)
+                    msg = f"`{name}` is not a baseline statistic of {detector.name!r} ({known})."
+                    raise StateError(msg)
+                lo, hi = metrics[key].domain
+                reference[key] = check_state_reals(
+                    ref_fields.name(key), ref_fields.raw(key), lo=lo, hi=hi, max_length=_MAX_REFERENCE_BATCHES
+                )
+            if reference and not self.reference_steps:
+                msg = f"`{ref_fields.path}` must be empty with reference_steps=0, got {sorted(reference)}."
+                raise StateError(msg)
         window = self.smoothing.memory
         name = fields.name("recent")
         recent = check_state_reals(name, fields.raw("recent"), lo=0.0, hi=1.0, max_length=window)
-        if recent and baseline is None:
-            msg = f"`{name}` must be empty before the baseline exists, got {describe(recent)}."
+        if recent and baseline is None and not reference:
+            msg = (
+                f"`{name}` must be empty before the baseline or the reference sample exists, "
+                f"got {describe(recent)}."
+            )
             raise StateError(msg)
         return _DetectorMemory(
             warm=warm,
@@ -758,6 +824,7 @@ class Guard:
             score=fields.real("score", lo=0.0, hi=1.0),
             smoothed=fields.real("smoothed", lo=0.0, hi=1.0),
             memory=detector.check_memory(fields.raw("memory"), fields.name("memory")),
+            reference=reference,
         )
 
     def _decode_controller(self, fields: Fields, seen: int) -> Any:
@@ -807,6 +874,7 @@ class Guard:
             self.base_beta = memory.controller_state.base_beta
         self._said, self._stopped_reason = memory.said, memory.stopped_reason
         self._episode = memory.episode
+        self._reference_batches = memory.reference_batches
 
     @property
     def beta(self) -> float | None:
@@ -853,6 +921,54 @@ class Guard:
         suspect = self._episode.suspect
         return self._stopped_reason is None and (suspect is None or suspect < saved)
 
+    # ----------------------------------------------------------------------------- reference sample
+
+    def add_reference(self, observation: Observation) -> None:
+        """Measure a batch drawn from the *reference* policy, before training: evidence no exploit can teach.
+
+        Call it before the first :meth:`step` with batches generated by the reference model (or by the
+        policy before its first update) and scored by the same reward functions; they count toward
+        ``reference_steps`` (the first training steps complete the sample when fewer are given; more may be
+        given, up to 64). Reference batches are not steps: nothing is decided, smoothed or logged. They cost
+        one generation and scoring pass each, once; the first training batches cost nothing extra.
+
+        Raises:
+            LoopguardTypeError: ``observation`` is not an :class:`Observation`.
+            ConfigError: ``reference_steps=0`` (the reference is off), or the Guard has already taken a
+                training step (the reference must precede the exploit).
+        """
+        if not isinstance(observation, Observation):
+            msg = f"`observation` must be an Observation, got {type(observation).__name__}."
+            raise LoopguardTypeError(msg)
+        if not self.reference_steps:
+            msg = "`add_reference` needs a reference sample: this Guard has reference_steps=0 (off)."
+            raise ConfigError(msg)
+        if self._seen:
+            msg = (
+                "`add_reference` must come before the first step (the reference precedes the exploit), "
+                f"got it after {self._seen} step(s)."
+            )
+            raise ConfigError(msg)
+        if self._reference_batches >= _MAX_REFERENCE_BATCHES:
+            msg = f"`add_reference` takes at most {_MAX_REFERENCE_BATCHES} batches, got one more."
+            raise ConfigError(msg)
+        reading = _Reading(observation=observation, beta_before=self._beta)
+        data = StepData(observation, warmup_steps=self.warmup_steps, reference=True)
+        for detector in self.detectors:
+            raw = self._measure(detector, data, reading)
+            if raw is None:
+                continue
+            memory = self._memories[detector.name]
+            for key in self._baseline_keys(detector):
+                if key in raw:
+                    memory.reference.setdefault(key, []).append(raw[key])
+        self._reference_batches += 1
+
+    @property
+    def reference_batches(self) -> int:
+        """Batches in the reference sample so far (given to :meth:`add_reference`, then the first steps)."""
+        return self._reference_batches
+
     # ------------------------------------------------------------------------------------------ step
 
     def _note_once(self, key: str, message: str, notes: list[str]) -> None:
@@ -895,58 +1011,149 @@ class Guard:
         text = f"loopguard: {message} (on_error='raise' makes this fatal)"
         warnings.warn(text, RuntimeWarning, stacklevel=4)
 
-    def _score(self, detector: Detector, raw: dict[str, float], warming: bool) -> tuple[float | None, bool]:
+    def _score(
+        self, detector: Detector, raw: dict[str, float], reading: _Reading
+    ) -> tuple[float | None, bool]:
         """The detector's score this step and whether to smooth it.
 
-        Against the baseline (smoothed; None while the warm-up buffer fills, see :meth:`_learn`), raised to
-        the absolute-band score where a statistic has one (bad at any baseline: it counts from the first
-        step, unsmoothed until a baseline exists).
+        Against the baseline, or during the warm-up against the reference sample (smoothed; None while
+        neither exists yet), raised to the absolute-band score where a statistic has one (bad at any
+        baseline: it counts from the first step, unsmoothed until a relative score exists).
         """
         absolute = [
             score
             for metric in self._metrics[detector.name]
             if metric.key in raw and (score := metric.absolute_score(raw[metric.key])) is not None
         ]
-        relative = self._relative(detector, raw, warming)
+        relative = self._relative(detector, raw, reading)
         if relative is None:
             return (max(absolute) if absolute else None), False
         return max([relative, *absolute]), True
 
+    def _baseline_keys(self, detector: Detector) -> list[str]:
+        return [metric.key for metric in self._metrics[detector.name] if metric.baseline]
+
     def _learn(self, detector: Detector, raw: dict[str, float], warming: bool) -> None:
-        """Fill the warm-up buffer; once warmed up, turn it into the baseline (median and 1.4826 MAD)."""
+        """Without a reference: fill the warm-up buffer, and once warmed up turn it into the baseline."""
         memory = self._memories[detector.name]
-        keys = {metric.key for metric in self._metrics[detector.name] if metric.baseline}
+        keys = self._baseline_keys(detector)
         for key, value in raw.items():
             if key in keys:
                 memory.warm.setdefault(key, []).append(value)
-        counts = [len(memory.warm.get(key, [])) for key in keys]
-        if warming or max(counts, default=0) < 3:
+        if not warming:
+            self._fix_baseline(detector)
+
+    def _fix_baseline(self, detector: Detector) -> None:
+        """The baseline (median and 1.4826 MAD) of the reference sample and the accepted warm-up values.
+
+        Left unset while no statistic has 3 values yet (the buffers keep filling); a statistic whose warm-up
+        was not trusted (non-OK steps, a trend toward a hack) has only the reference and healthy steps here.
+        """
+        memory = self._memories[detector.name]
+        values = {
+            key: memory.reference.get(key, []) + memory.warm.get(key, [])
+            for key in self._baseline_keys(detector)
+        }
+        if max((len(v) for v in values.values()), default=0) < 3:
             return
         memory.baseline = {}
-        for key in (metric.key for metric in self._metrics[detector.name] if metric.key in keys):
-            values = memory.warm.get(key, [])
-            if len(values) >= 3:
-                baseline = robust_baseline(values)
+        for key, series in values.items():
+            if len(series) >= 3:
+                baseline = robust_baseline(series)
                 memory.baseline[key] = [baseline.median, baseline.scale]
         memory.warm = {}
 
-    def _relative(self, detector: Detector, raw: dict[str, float], warming: bool) -> float | None:
-        """The score against the warm-up baseline (None before it exists: the buffer is filled instead)."""
+    def _anchors(self, detector: Detector) -> dict[str, list[float]]:
+        """During the warm-up: ``[median, scale]`` of each statistic whose reference sample is complete.
+
+        The median is the reference's (what the reference policy wrote); the noise scale is that of the
+        reference and the healthy warm-up values so far, so it grows more reliable as the warm-up goes on.
+        """
         memory = self._memories[detector.name]
-        if memory.baseline is None:
-            self._learn(detector, raw, warming)
-            return None
+        anchors: dict[str, list[float]] = {}
+        for key, reference in memory.reference.items():
+            if not reference:
+                continue
+            series = reference + memory.warm.get(key, [])
+            scale = robust_baseline(series).scale if len(series) >= 3 else 0.0
+            anchors[key] = [float(np.median(reference)), scale]
+        return anchors
+
+    def _against(
+        self, detector: Detector, raw: dict[str, float], baselines: dict[str, list[float]]
+    ) -> float | None:
+        """The detector's combined score of ``raw`` against ``baselines`` (None: nothing to compare)."""
         scores: dict[str, float] = {}
         for metric in self._metrics[detector.name]:
-            if metric.key in raw and metric.key in memory.baseline:
-                median, scale = memory.baseline[metric.key]
+            if metric.key in raw and metric.key in baselines:
+                median, scale = baselines[metric.key]
                 scores[metric.key] = metric.score(
                     raw[metric.key], median, scale, sigma_warn=self.sigma_warn, sigma_hack=self.sigma_hack
                 )
         if not scores:
             return None
-        baselines = {key: (value[0], value[1]) for key, value in memory.baseline.items()}
-        return float(detector.combine(scores, raw, baselines))
+        pairs = {key: (value[0], value[1]) for key, value in baselines.items()}
+        return float(detector.combine(scores, raw, pairs))
+
+    def _relative(self, detector: Detector, raw: dict[str, float], reading: _Reading) -> float | None:
+        """The score against the baseline, or during the warm-up against the reference (see ``_anchors``)."""
+        memory = self._memories[detector.name]
+        if memory.baseline is None and not self.reference_steps:
+            self._learn(detector, raw, reading.warming)
+            return None
+        if memory.baseline is None and not reading.warming:
+            self._fix_baseline(detector)
+        if memory.baseline is not None:
+            return self._against(detector, raw, memory.baseline)
+        anchors = {} if reading.in_reference else self._anchors(detector)  # before this step's value joins
+        staged = reading.staged.setdefault(detector.name, {})
+        for key in self._baseline_keys(detector):
+            if key not in raw:
+                continue
+            if reading.in_reference:  # the first steps complete the reference sample
+                memory.reference.setdefault(key, []).append(raw[key])
+            else:
+                staged[key] = raw[key]  # joins the warm-up buffer if the step reads OK (see _commit_warm)
+        if not anchors:
+            return None
+        score = self._against(detector, raw, anchors)
+        if detector.role == "primary":
+            self._check_trend(detector, raw, anchors, reading)
+        return score
+
+    def _check_trend(
+        self, detector: Detector, raw: dict[str, float], anchors: dict[str, list[float]], reading: _Reading
+    ) -> None:
+        """A warm-up moving steadily toward a hack is evidence, not a baseline (Mann-Kendall, Theil-Sen)."""
+        memory = self._memories[detector.name]
+        for metric in self._metrics[detector.name]:
+            if metric.key not in raw or metric.key not in anchors:
+                continue
+            series = [*memory.reference[metric.key], *memory.warm.get(metric.key, []), raw[metric.key]]
+            if len(series) < _TREND_MIN_POINTS:
+                continue
+            z = mann_kendall_z(series)
+            if (z if metric.bad == "up" else -z) < _TREND_Z:
+                continue
+            start = anchors[metric.key][0]
+            end = start + series_slope(series, method="theil_sen") * (len(series) - 1)
+            if metric.excess(end, start) < metric.warn:
+                continue
+            verb = "rose" if metric.bad == "up" else "fell"
+            reading.trends.append(
+                f"{detector.name}.{metric.key} {verb} steadily through the warm-up (from "
+                f"{metric.unit.format(start)} toward {metric.unit.format(end)} over {len(series)} steps, "
+                f"trend z = {z:+.1f})"
+            )
+
+    def _commit_warm(self, reading: _Reading) -> None:
+        """Keep this warm-up step's values for the baseline only when the step read OK (healthy)."""
+        if reading.verdict != "OK":
+            return
+        for name, values in reading.staged.items():
+            memory = self._memories[name]
+            for key, value in values.items():
+                memory.warm.setdefault(key, []).append(value)
 
     def _smooth(self, memory: _DetectorMemory, score: float) -> float:
         memory.score = score
@@ -988,7 +1195,10 @@ class Guard:
 
         self._seen += 1
         reading.warming = self._seen <= self.warmup_steps
-        data = StepData(observation, warmup_steps=self.warmup_steps)
+        reading.in_reference = self._reference_batches < self.reference_steps
+        if reading.in_reference:
+            self._reference_batches += 1
+        data = StepData(observation, warmup_steps=self.warmup_steps, reference=reading.in_reference)
         for detector in self.detectors:
             raw = self._measure(detector, data, reading)
             memory = self._memories[detector.name]
@@ -997,7 +1207,7 @@ class Guard:
                     reading.scores[detector.name] = memory.smoothed  # a periodic audit: the last score stands
                 continue
             reading.raw.update({f"{detector.name}.{key}": value for key, value in raw.items()})
-            score, smooth = self._score(detector, raw, reading.warming)
+            score, smooth = self._score(detector, raw, reading)
             if score is not None:
                 reading.scores[detector.name] = self._smooth(memory, score) if smooth else score
         if self._seen == self.warmup_steps:
@@ -1008,8 +1218,11 @@ class Guard:
         vote = self._combine({k: v for k, v in reading.scores.items() if self._role(k) != "guard"})
         if self.drift_guard and reading.scores.get("drift", 0.0) >= self.hack_level and vote < previous_vote:
             vote, reading.drift_held = previous_vote, True
+        if reading.trends and vote < self.warn_level:
+            vote = self.warn_level  # a warm-up trending toward a hack reads WARN (the reason is explained)
         self._vote = reading.vote = vote
         reading.verdict = "HACK" if vote >= self.hack_level else "WARN" if vote >= self.warn_level else "OK"
+        self._commit_warm(reading)
 
         acts_now = self.controller is not None and self.controller.acts_while_warming
         if reading.warming and reading.verdict == "OK" and not acts_now:
@@ -1084,15 +1297,19 @@ class Guard:
 
     # ----------------------------------------------------------------------------------- explanation
 
-    def _signal_phrases(self, scores: dict[str, float], raw: dict[str, float], limit: int = 3) -> list[str]:
+    def _signal_phrases(
+        self, scores: dict[str, float], raw: dict[str, float], *, anchored: bool, limit: int = 3
+    ) -> list[str]:
         phrases = []
         for name, score in sorted(scores.items(), key=lambda item: -item[1])[:limit]:
             if score < 0.05:
                 continue
             detector = next(d for d in self.detectors if d.name == name)
-            baseline = self._memories[name].baseline or {}
+            baseline, label = self._memories[name].baseline, "baseline"
+            if baseline is None:  # while warming up: the reference sample, once complete
+                baseline, label = (self._anchors(detector) if anchored else {}), "reference"
             details = [
-                _detail(metric, raw[f"{name}.{metric.key}"], baseline.get(metric.key))
+                _detail(metric, raw[f"{name}.{metric.key}"], baseline.get(metric.key), label)
                 for metric in self._metrics[detector.name]
                 if f"{name}.{metric.key}" in raw and (metric.key in baseline or metric.absolute is not None)
             ]
@@ -1111,8 +1328,14 @@ class Guard:
         level = {"HACK": self.hack_level, "WARN": self.warn_level}.get(verdict)
         head = f"step {reading.observation.step}: {verdict} (vote {reading.vote:.2f}"
         head += f" >= {level:.2f})" if level is not None else ")"
-        phrases = self._signal_phrases(reading.scores, reading.raw)
+        phrases = self._signal_phrases(reading.scores, reading.raw, anchored=not reading.in_reference)
         parts = [head + (": " + ", ".join(phrases) if phrases and verdict != "OK" else "") + "."]
+        if reading.trends:
+            parts.append(
+                "The warm-up is not trusted as a baseline: "
+                + "; ".join(reading.trends)
+                + ". Watching against the reference sample."
+            )
         if reading.drift_held:
             parts.append(
                 "The reward distribution is degenerating (drift), so the vote was held, not lowered."
@@ -1234,10 +1457,10 @@ def echo_guard(
     )
 
 
-def _detail(metric: Any, value: float, baseline: list[float] | None) -> str:
-    """``"rate 0.700 vs baseline 0.100"``, or against the absolute band when there is no baseline."""
+def _detail(metric: Any, value: float, baseline: list[float] | None, label: str = "baseline") -> str:
+    """``"rate 0.700 vs baseline 0.100"`` (or ``vs reference``), else against the absolute band."""
     if baseline is not None:
-        return f"{metric.key} {metric.unit.format(value)} vs baseline {metric.unit.format(baseline[0])}"
+        return f"{metric.key} {metric.unit.format(value)} vs {label} {metric.unit.format(baseline[0])}"
     warn, hack = metric.absolute
     level = hack if value >= hack else warn
     relation = ">=" if value >= warn else "<"

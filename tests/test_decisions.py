@@ -11,6 +11,7 @@ import attrs
 import numpy as np
 import pytest
 import torch
+from test_state_loading import written_by
 
 from loopguard import (
     BangBang,
@@ -155,7 +156,7 @@ def test_version_1_guard_and_loop_states_still_load_with_their_onset():
     for step in range(4):
         guard.step(healthy(step))
     state = guard.state_dict()
-    old = {key: value for key, value in state.items() if key != "episode"} | {"version": 1}
+    old = written_by(state, 1)
     fresh = Guard(warmup_steps=3, beta=0.05)
     fresh.load_state_dict(old)
     assert fresh.onset is None
@@ -279,14 +280,22 @@ def test_a_guard_with_a_window_keeps_at_most_that_many_recent_scores_in_its_stat
 # ------------------------------------------------------------------------------- absolute bands
 
 
-def test_absolute_bands_trip_during_the_warm_up_and_the_default_does_not():
+def test_absolute_bands_trip_during_the_warm_up():
     default = Guard(mode="log_only", warmup_steps=5, halt_on_hack=True)
-    echo = Guard(["repetition"], mode="log_only", warmup_steps=5, halt_on_hack=True)
-    banded = Guard(
-        [Repetition(echo=(0.3, 0.6))], mode="log_only", warmup_steps=5, halt_on_hack=True, smoothing="none"
+    relative_only = Guard(
+        [Repetition(trapped_bands=None)], mode="log_only", warmup_steps=5, halt_on_hack=True
     )
-    assert default.step(hacked(0)).verdict == "OK"
-    assert echo.step(hacked(0)).verdict == "OK"
+    banded = Guard(
+        [Repetition(echo=(0.3, 0.6), trapped_bands=None)],
+        mode="log_only",
+        warmup_steps=5,
+        halt_on_hack=True,
+        smoothing="none",
+    )
+    trapped = default.step(hacked(0))  # every completion in an echo trap: bad at any baseline
+    assert (trapped.verdict, trapped.action) == ("HACK", "stop")
+    assert "trapped 100.0% >= absolute band 50.0%" in trapped.explanation
+    assert relative_only.step(hacked(0)).verdict == "OK"  # nothing to compare with on the first step
     decision = banded.step(hacked(0))
     assert decision.verdict == "HACK"
     assert decision.action == "stop"

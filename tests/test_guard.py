@@ -134,12 +134,13 @@ def test_kl_mode_needs_a_starting_beta():
 # ------------------------------------------------------------------------------------------------ behaviour
 
 
-def test_warmup_takes_no_action_and_says_so():
+def test_an_echo_trap_from_the_first_step_trips_during_the_warm_up():
     rng = np.random.default_rng(0)
     guard = Guard(beta=0.01, warmup_steps=10)
-    decisions = run(guard, [looping(step, rng) for step in range(10)])  # even an obvious loop: no baseline yet
-    assert all(d.warming_up and d.action == "none" and d.verdict == "OK" for d in decisions)
-    assert "warming up (10/10 steps)" in decisions[-1].explanation
+    decisions = run(guard, [looping(step, rng) for step in range(10)])  # no baseline yet, but bad at any
+    assert all(d.warming_up and d.verdict == "HACK" for d in decisions)
+    assert "trapped 100.0% >= absolute band 50.0%" in decisions[0].explanation
+    assert decisions[-1].beta_after > 0.01
 
 
 def test_healthy_noise_sees_no_action():
@@ -395,7 +396,7 @@ def test_load_state_refuses_another_configuration():
     saved = Guard(beta=0.01).state_dict()
     with pytest.raises(ConfigError, match=re.escape("`state` was saved by a Guard with mode='kl_control', but this Guard has mode='pid_lagrangian'.")):
         Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
-    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 2, got 7.")):
+    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 3, got 7.")):
         Guard(beta=0.01).load_state_dict({**saved, "version": 7})
     with pytest.raises(StateError, match=re.escape("`state['detectors']` must have exactly the keys ['collapse', 'diversity', 'drift', 'length', 'repetition'], got missing ['collapse', 'diversity', 'drift', 'length', 'repetition'], unexpected []")):
         Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})

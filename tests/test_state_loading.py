@@ -325,12 +325,27 @@ def test_a_value_that_contradicts_the_guard_is_refused():
         _controller_factory().load_state_dict({**state, "value": 0.5})
 
 
+def written_by(state, version):
+    """A Guard state as loopguard wrote it at state ``version``: 1 kept no episode, 1 and 2 no reference sample."""
+    old = {key: value for key, value in state.items() if key != "reference_batches"}
+    old["config"] = {key: value for key, value in state["config"].items() if key != "reference_steps"}
+    old["detectors"] = {
+        name: {key: value for key, value in memory.items() if key != "reference"}
+        for name, memory in state["detectors"].items()
+    }
+    if version == 1:
+        del old["episode"]
+    return {**old, "version": version}
+
+
 def test_unknown_keys_and_versions_are_refused():
     state = _run(GUARDS["kl_control"](), 8).state_dict()
     with pytest.raises(StateError, match=re.escape("unexpected ['beta_floor']")):
         GUARDS["kl_control"]().load_state_dict({**state, "beta_floor": 0.5})
-    with pytest.raises(StateError, match=re.escape("`state['version']` must be 2, got 3.")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 3})
+    with pytest.raises(StateError, match=re.escape("`state['version']` must be 3, got 4.")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 4})
+    with pytest.raises(StateError, match=re.escape("unexpected ['reference_batches']")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 2})  # version 2 had no reference sample
     with pytest.raises(StateError, match=re.escape("`state['kind']` must be 'loopguard.LoopGuard'")):
         _loop_factory().load_state_dict({"kind": "loopguard.RewardHackMitigator", "version": 2})
 
@@ -355,7 +370,7 @@ def test_the_loop_guard_state_keeps_the_onset_in_the_guard():
     state = loop.state_dict()
     assert state["version"] == 2
     assert set(state) == {"kind", "version", "guard", "rollbacks"}
-    assert state["guard"]["version"] == 2
+    assert state["guard"]["version"] == 3
     assert state["guard"]["episode"]["onset"] == onset
     twin = _loop_factory()
     twin.load_state_dict(json.loads(json.dumps(state)))
@@ -364,8 +379,7 @@ def test_the_loop_guard_state_keeps_the_onset_in_the_guard():
 
 def test_a_version_1_loop_guard_state_still_loads_and_gives_its_onset_to_the_guard():
     state = json.loads(json.dumps(_tripped_loop()[0].state_dict()))
-    guard_state = {key: value for key, value in state["guard"].items() if key != "episode"}
-    old = {**state, "version": 1, "onset": 6, "guard": {**guard_state, "version": 1}}  # as loopguard wrote it
+    old = {**state, "version": 1, "onset": 6, "guard": written_by(state["guard"], 1)}  # as loopguard wrote it
     twin = _loop_factory()
     twin.load_state_dict(old)
     assert twin.guard.onset == twin.onset == 6
@@ -379,13 +393,24 @@ def test_a_version_1_loop_guard_state_still_loads_and_gives_its_onset_to_the_gua
 
 
 def test_a_version_1_guard_state_still_loads_with_a_fresh_episode():
-    guard = _run(GUARDS["kl_control"](), 12)
-    state = {key: value for key, value in guard.state_dict().items() if key != "episode"}
+    guard = _run(GUARDS["kl_control"](), 30)  # past the warm-up: the reference has done its work
     twin = GUARDS["kl_control"]()
-    twin.load_state_dict({**state, "version": 1})
+    twin.load_state_dict(written_by(guard.state_dict(), 1))
     assert twin.onset is None
     assert twin.healthy
-    assert twin.state_dict() == guard.state_dict()
+    expected = {**guard.state_dict(), "episode": twin.state_dict()["episode"], "reference_batches": 0}
+    expected["detectors"] = {name: {**memory, "reference": {}} for name, memory in expected["detectors"].items()}
+    assert twin.state_dict() == expected
+
+
+def test_a_version_2_guard_state_resumes_with_the_reference_sample_on():
+    guard = _run(GUARDS["kl_control"](), 30)
+    twin = GUARDS["kl_control"]()
+    twin.load_state_dict(written_by(guard.state_dict(), 2))
+    assert twin.reference_steps == 3
+    assert twin.reference_batches == 0
+    observation = _healthy(31, np.random.default_rng(1), beta=guard.beta)
+    assert twin.step(observation).scores == guard.step(observation).scores  # the baseline decides now
 
 
 def test_a_state_from_another_controller_configuration_is_refused():

@@ -257,13 +257,16 @@ def test_resume_from_checkpoint_restores_the_guard_state(model_dir, tokenizer, t
 
 
 def _tripped_mitigator():
-    """A mitigator (no trainer) whose Guard is in a hack episode that began at step 5."""
+    """A mitigator (no trainer) whose Guard is in a hack episode that began at step 6.
+
+    The loop starts at step 5; the median of the last three scores crosses the HACK level one step later.
+    """
     mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     for step in range(8):
         completions = ["x y " * 6] * 8 if step >= 5 else [f"w{step} w{i} w{i + 1} w{i + 2}" for i in range(8)]
         rewards = [2.0 + 0.1 * i for i in range(8)] if step >= 5 else [0.1 * (i % 4) for i in range(8)]
         mitigator.guard.step(Observation(step, rewards, completions=completions, group_size=4))
-    assert mitigator.guard.onset == 5
+    assert mitigator.guard.onset == 6
     return mitigator
 
 
@@ -271,15 +274,24 @@ def test_the_mitigator_state_keeps_the_onset_in_the_guard():
     state = json.loads(json.dumps(_tripped_mitigator().state_dict()))
     assert state["version"] == 3
     assert set(state) == {"kind", "version", "mode", "beta", "guard", "rollbacks", "run"}
-    assert state["guard"]["episode"]["onset"] == 5
+    assert state["guard"]["episode"]["onset"] == 6
     twin = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     twin.load_state_dict(state)
-    assert twin.guard.onset == 5
+    assert twin.guard.onset == 6
 
 
 def test_a_version_2_mitigator_state_still_loads_and_gives_its_onset_to_the_guard():
     state = json.loads(json.dumps(_tripped_mitigator().state_dict()))
-    guard_state = {key: value for key, value in state["guard"].items() if key != "episode"}
+    guard_state = {
+        key: value for key, value in state["guard"].items() if key not in ("episode", "reference_batches")
+    }
+    guard_state["config"] = {
+        key: value for key, value in guard_state["config"].items() if key != "reference_steps"
+    }
+    guard_state["detectors"] = {
+        name: {key: value for key, value in memory.items() if key != "reference"}
+        for name, memory in guard_state["detectors"].items()
+    }
     old = {**state, "version": 2, "onset": 4, "guard": {**guard_state, "version": 1}}  # as loopguard wrote it
     twin = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     twin.load_state_dict(old)

@@ -44,7 +44,7 @@ def test_grpo_ranks_take_one_decision(tmp_path):
     check_invariants(results)
     steps = results[0]["steps"]
     # rank 0's data stayed healthy, yet it raised beta and rolled back with rank 1
-    assert [steps[str(s)]["action"] for s in (7, 8)] == ["rollback", "raise_beta"]
+    assert steps["8"]["action"] == "rollback"
     assert steps["8"]["beta"] > steps["1"]["beta"]
     # the run identity's 2-part broadcast at the start, then one flag reduce per step, plus severity reduce
     # and a 2-part broadcast per observed step, plus the rollback's 2 barriers and its success check: the same

@@ -1,0 +1,194 @@
+"""Baselines a hack cannot teach: the reference sample, scoring during the warm-up, trends, takeover (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from loopguard import Guard, Observation
+from loopguard.detectors import Length, Repetition, Takeover
+from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
+
+B = 16
+
+
+def healthy(step: int, seed: int = 0) -> Observation:
+    """16 completions of 12 random tokens from 5,000: no repetition, every bigram distinct."""
+    rng = np.random.default_rng(seed * 1000 + step)
+    return Observation(
+        step, rng.normal(size=B), completion_ids=rng.integers(0, 5000, size=(B, 12)), group_size=4
+    )
+
+
+def looping(step: int) -> Observation:
+    ids = [[7, 8] * 6 for _ in range(B)]
+    return Observation(step, [2.0 + 0.01 * i for i in range(B)], completion_ids=ids, group_size=4)
+
+
+def with_phrase(step: int, share: float, seed: int = 0) -> Observation:
+    """Healthy completions, ``share`` of them ending with the phrase 9001 9002 9003."""
+    observation = healthy(step, seed)
+    ids = observation.completion_ids.tokens.reshape(B, 12).copy()
+    ids[: round(share * B), -3:] = [9001, 9002, 9003]
+    return Observation(step, observation.rewards, completion_ids=ids, group_size=4)
+
+
+def converging(step: int) -> Observation:
+    """Every third step one more completion becomes a copy of the first: distinct-2 falls 6.25 % at a time."""
+    observation = healthy(step)
+    ids = observation.completion_ids.tokens.reshape(B, 12).copy()
+    ids[1 : 1 + step // 3] = ids[0]
+    return Observation(step, observation.rewards, completion_ids=ids, group_size=4)
+
+
+RELATIVE_ONLY = [Repetition(trapped_bands=None), "diversity"]  # no absolute band: the reference alone
+
+
+def test_a_healthy_warm_up_takes_no_action_and_says_so():
+    guard = Guard(beta=0.01, warmup_steps=10)
+    decisions = [guard.step(healthy(step)) for step in range(10)]
+    assert all(d.warming_up and d.action == "none" and d.verdict == "OK" for d in decisions)
+    assert "warming up (10/10 steps)" in decisions[-1].explanation
+    assert guard.reference_batches == 3
+    assert all(set(d.scores) == {"repetition"} for d in decisions[:3])  # only the absolute trapped band
+    assert set(decisions[3].scores) >= {"repetition", "diversity", "length", "collapse"}  # then the reference
+
+
+def test_a_loop_from_the_first_steps_is_caught_during_the_warm_up():
+    anchored = Guard(RELATIVE_ONLY, beta=0.01, warmup_steps=20)
+    unanchored = Guard(RELATIVE_ONLY, beta=0.01, warmup_steps=20, reference_steps=0)
+    stream = [healthy(step) for step in range(3)] + [looping(step) for step in range(3, 40)]
+    caught = [anchored.step(observation) for observation in stream]
+    missed = [unanchored.step(observation) for observation in stream]
+    first = next(d for d in caught if d.verdict == "HACK")
+    assert first.warming_up
+    assert first.step == 3  # the first looping step
+    assert "rate 0.818 vs reference 0.000" in first.explanation
+    assert caught[first.step + 1].action == "raise_beta"  # bang-bang trips on the second HACK step
+    # without the reference, the warm-up learns the loop as normal: never a HACK, not even after it
+    assert {d.verdict for d in missed} == {"OK"}
+    assert missed[-1].beta_after == 0.01
+
+
+def test_only_healthy_warm_up_steps_join_the_baseline():
+    stream = [healthy(step) for step in range(4)] + [looping(step) for step in range(4, 14)]
+    guard = Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=12)
+    decisions = [guard.step(observation) for observation in stream]
+    assert {d.verdict for d in decisions[4:]} == {"HACK"}  # during the warm-up and after it
+    assert (
+        guard.state_dict()["detectors"]["repetition"]["baseline"]["rate"][0] == 0.0
+    )  # no looping step in it
+    plain = Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=12, reference_steps=0)
+    assert {plain.step(observation).verdict for observation in stream} == {"OK"}
+    assert plain.state_dict()["detectors"]["repetition"]["baseline"]["rate"][0] == pytest.approx(9 / 11)
+
+
+def test_a_steady_trend_in_the_warm_up_reads_warn_with_the_reason():
+    guard = Guard(["repetition", "diversity"], mode="log_only", warmup_steps=30)
+    decisions = [guard.step(converging(step)) for step in range(30)]
+    warned = next(d for d in decisions if d.verdict != "OK")
+    assert warned.verdict == "WARN"
+    assert warned.vote == pytest.approx(0.10)  # the trend alone: the scores' vote is below WARN
+    assert "diversity.distinct fell steadily through the warm-up" in warned.explanation
+    assert "Watching against the reference sample" in warned.explanation
+    z = float(re.search(r"trend z = ([-+.\d]+)", warned.explanation).group(1))
+    assert z <= -2.33
+    assert not any("fell steadily" in d.explanation for d in decisions[: warned.step])
+    # no step from the warning on joined the warm-up buffer: the baseline will not learn the trend
+    accepted = guard.state_dict()["detectors"]["diversity"]["warm"]["distinct"]
+    assert len(accepted) <= warned.step - 3
+    assert min(accepted) >= 1.0 - 0.0625 * (warned.step // 3)
+    flat = Guard(["repetition", "diversity"], mode="log_only", warmup_steps=30)
+    assert all(flat.step(healthy(step)).verdict == "OK" for step in range(30))
+
+
+def test_reference_batches_drawn_before_training_come_first():
+    guard = Guard(RELATIVE_ONLY, beta=0.01, warmup_steps=10)
+    for index in range(3):
+        guard.add_reference(healthy(100 + index))
+    assert guard.reference_batches == 3
+    first = guard.step(looping(0))  # scored from the very first training step
+    assert first.scores["repetition"] >= 0.3
+    with pytest.raises(ConfigError, match=re.escape("must come before the first step")):
+        guard.add_reference(healthy(1))
+    with pytest.raises(LoopguardTypeError, match="must be an Observation"):
+        Guard().add_reference({"rewards": [1.0]})
+    with pytest.raises(ConfigError, match=re.escape("reference_steps=0 (off)")):
+        Guard(reference_steps=0).add_reference(healthy(0))
+    saved = json.loads(json.dumps(guard.state_dict()))
+    twin = Guard(RELATIVE_ONLY, beta=0.01, warmup_steps=10)
+    twin.load_state_dict(saved)
+    for step in range(1, 12):
+        assert twin.step(healthy(step)).scores == guard.step(healthy(step)).scores
+
+
+def test_reference_settings_are_checked():
+    with pytest.raises(ConfigError, match=re.escape("`reference_steps` must be")):
+        Guard(warmup_steps=5, reference_steps=6)
+    with pytest.raises(ConfigError, match=re.escape("['takeover'] measure against the reference sample")):
+        Guard(["repetition", "takeover"], reference_steps=0)
+    saved = Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=5)
+    for step in range(4):
+        saved.step(healthy(step))
+    state = saved.state_dict()
+    state["detectors"]["repetition"]["reference"]["rate"] = [0.0, 2.0, 0.0]
+    with pytest.raises(StateError, match=re.escape("reference")):
+        Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=5).load_state_dict(state)
+
+
+def test_takeover_sees_a_phrase_spreading_and_not_healthy_noise():
+    guard = Guard(["repetition", "diversity", "takeover"], mode="log_only", warmup_steps=10)
+    decisions = [
+        guard.step(with_phrase(step, 0.2)) for step in range(3)
+    ]  # the reference writes it now and then
+    decisions += [guard.step(with_phrase(step, min(1.0, 0.2 + 0.1 * (step - 2)))) for step in range(3, 14)]
+    raw = [d.raw.get("takeover.excess_share") for d in decisions]
+    assert raw[:3] == [None, None, None]  # the reference sample
+    assert raw[3] < 0.2  # 30 % vs 20 % in the reference: within the noise of 16 completions
+    first = next(d for d in decisions if d.verdict == "HACK")
+    assert first.scores["takeover"] >= 0.3
+    assert "excess_share" in first.explanation
+    quiet = Guard(["repetition", "diversity", "takeover"], mode="log_only", warmup_steps=10)
+    values = [quiet.step(healthy(step, seed=3)).raw.get("takeover.excess_share") for step in range(60)]
+    assert max(v for v in values if v is not None) < 0.05
+
+
+def test_takeover_memory_round_trips_and_is_validated():
+    detector = Takeover(keep=16)
+    guard = Guard([detector], mode="log_only", warmup_steps=5)
+    for step in range(6):
+        guard.step(with_phrase(step, 0.5))
+    memory = guard.state_dict()["detectors"]["takeover"]["memory"]
+    assert memory["rows"] == 3 * B
+    assert len(memory["keys"]) == 16  # pruned to `keep`, with a floor for what was dropped
+    assert memory["floor"] >= 1
+    assert memory["keys"] == sorted(memory["keys"])
+    assert detector.check_memory(json.loads(json.dumps(memory)), "m") == memory
+    with pytest.raises(StateError, match="strictly increasing keys"):
+        detector.check_memory({**memory, "keys": memory["keys"][::-1]}, "m")
+    with pytest.raises(StateError, match="only the keys"):
+        detector.check_memory({**memory, "extra": 1}, "m")
+    with pytest.raises(ConfigError, match=re.escape("`bands` must be (warn, hack) with warn < hack")):
+        Takeover(bands=(0.5, 0.2))
+
+
+def test_length_alone_votes_on_its_own():
+    def lengthening(step):
+        rng = np.random.default_rng(step)
+        if step < 3:  # the reference: reward unrelated to length
+            return Observation(step, rng.normal(size=B), lengths=rng.integers(8, 12, size=B), group_size=4)
+        lengths = np.arange(B) + 8 + 4 * step  # then answers grow, and the reward follows them
+        return Observation(
+            step, lengths * 0.1 + rng.normal(scale=0.01, size=B), lengths=lengths, group_size=4
+        )
+
+    corroborating = Guard(["repetition", Length()], mode="log_only", warmup_steps=10)
+    alone = Guard(["repetition", Length(alone=True)], mode="log_only", warmup_steps=10)
+    assert Length(alone=True).role == "primary"
+    assert Length().role == "corroborating"
+    assert all(corroborating.step(lengthening(step)).verdict == "OK" for step in range(12))
+    verdicts = [alone.step(lengthening(step)).verdict for step in range(12)]
+    assert "HACK" in verdicts
