@@ -5,6 +5,7 @@ Usage::
     python benchmarks/false_alarms.py                # 200 healthy runs per cell (a few minutes on 2 cores)
     python benchmarks/false_alarms.py --runs 20      # quick look
     python benchmarks/false_alarms.py --out DIR      # where false_alarms.json and false_alarms.md go
+    python benchmarks/false_alarms.py --takeover     # the default signals plus ``takeover`` (opt-in signal)
 
 Every run feeds a default ``Guard(mode="kl_control", beta=0.01)`` (no tuning) 200 steps of a synthetic GRPO
 stream: ``B`` completions per step in groups of 4, as token ids drawn from a Zipf(1.1) vocabulary of 2,000
@@ -65,10 +66,11 @@ def _loop(rng: np.random.Generator) -> list[int]:
     return prefix + [17, 42] * int(rng.integers(8, 28))
 
 
-def _run(args: tuple[str, str, int, int]) -> dict[str, Any]:
-    scenario, rewards_kind, batch, seed = args
+def _run(args: tuple[str, str, int, int, bool]) -> dict[str, Any]:
+    scenario, rewards_kind, batch, seed, takeover = args
     rng = np.random.default_rng(seed)
-    guard = Guard(mode="kl_control", beta=0.01)
+    signals = ["repetition", "diversity", "length", "collapse", "drift", "takeover"] if takeover else None
+    guard = Guard(signals, mode="kl_control", beta=0.01)
     winners = [_completion(np.random.default_rng(10_000 + i)) for i in range(3)]
     first_hack = first_action = None
     hack_steps = actions = 0
@@ -150,16 +152,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hack-runs", type=int, default=50, help="runs per injected-hack cell")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--takeover", action="store_true", help="add the opt-in takeover signal")
     args = parser.parse_args(argv)
 
     jobs = [
-        ("healthy", kind, batch, seed)
+        ("healthy", kind, batch, seed, args.takeover)
         for kind in ("gaussian", "bernoulli")
         for batch in BATCHES
         for seed in range(args.runs)
     ]
     jobs += [
-        (scenario, "gaussian", batch, 1_000_000 + seed)
+        (scenario, "gaussian", batch, 1_000_000 + seed, args.takeover)
         for scenario in ("echo step", "echo ramp", "diversity ramp")
         for batch in (16, 64)
         for seed in range(args.hack_runs)
@@ -184,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             hack_rows.append({"scenario": scenario, "batch": batch, **_summarise_hack(runs)})
 
     lines = [
-        f"### False alarms: healthy i.i.d. rewards, {STEPS} steps per run, default Guard (kl_control)",
+        f"### False alarms: healthy i.i.d. rewards, {STEPS} steps per run, default Guard (kl_control)"
+        + (" with the takeover signal" if args.takeover else ""),
         "",
         "| rewards | batch | runs | runs with any HACK | runs with any action | HACK steps |",
         "|---|---:|---:|---:|---:|---:|",
@@ -226,11 +230,12 @@ def main(argv: list[str] | None = None) -> int:
         "within_target": worst <= 0.01,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "false_alarms.json").write_text(json.dumps(report, indent=2) + "\n")
-    (args.out / "false_alarms.md").write_text(markdown + "\n")
+    name = "false_alarms_takeover" if args.takeover else "false_alarms"
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(markdown + "\n")
     print(markdown)
     print(f"\nworst share of healthy runs with a HACK verdict: {worst:.1%} (target <= 1 %); {seconds:.0f} s")
-    print(f"wrote {args.out / 'false_alarms.json'} and {args.out / 'false_alarms.md'}")
+    print(f"wrote {args.out / (name + '.json')} and {args.out / (name + '.md')}")
     return 0
 
 

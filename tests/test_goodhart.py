@@ -2,6 +2,7 @@
 
 import json
 import math
+import random
 
 import pytest
 
@@ -105,6 +106,18 @@ def test_series_helpers():
     gold = [0.0] * 10 + [1.0] * 9 + [0.0] * 10  # a plateau at steps 11..19, centred on step 15
     value, step = analysis.peak(gold)
     assert (value, step) == (1.0, 15)
+    assert analysis.peak_end(gold) == 17  # the smoothed plateau holds its maximum from step 15 to 17
+
+
+def test_the_peak_ends_where_the_gold_starts_to_fall():
+    rng = random.Random(0)
+    plateau = [0.8 + rng.uniform(-0.05, 0.05) for _ in range(60)]
+    fall = [0.8 - 0.04 * step for step in range(1, 21)]
+    gold = [0.1 * step for step in range(1, 9)] + plateau + fall
+    assert analysis.peak(gold)[1] < 60  # the highest point of the noisy plateau lands anywhere on it
+    assert 66 <= analysis.peak_end(gold) <= 71  # its end is where the fall begins (step 69)
+    assert analysis.hacked(gold)
+    assert not analysis.hacked(gold[:68])  # a run that stays on its plateau lost nothing
 
 
 def _run(gold, log, *, arm="lg_kl_control", trained=None, held=0):
@@ -160,6 +173,9 @@ def _rows(final_gold, **overrides):
     row = {
         "final_gold": final_gold,
         "latency": 5,
+        "hacked_seed": True,
+        "seed": 0,
+        "loopguard_ms_per_step": 1.0,
         "first_hack": 30,
         "rollback_or_stop": False,
         "raised": False,
@@ -176,7 +192,7 @@ def test_targets_compare_against_the_oracle_fixed_beta():
             "fixed-0.1": _rows(0.8),
             "adaptive_kl": _rows(0.3),
             "lg_kl_control": _rows(0.75),  # >= 0.9 x 0.8 = 0.72
-            "lg_pid_rollback": _rows(0.7, latency=20),  # < 0.72, and a late detection
+            "lg_pid_rollback": _rows(0.7, latency=12),  # < 0.72, and a later detection
         },
         "clean": {
             "fixed-0.001": _rows(0.8),
@@ -189,11 +205,21 @@ def test_targets_compare_against_the_oracle_fixed_beta():
     assert holds[("diversity", "lg_pid_rollback final gold >= 0.9 x oracle (fixed-0.1)")] is False
     assert holds[("diversity", "lg_kl_control final gold > adaptive_kl")] is True
     assert holds[("diversity", "unguarded final gold <= 0.5 x oracle")] is True
-    assert holds[("diversity", "median detection latency <= 15 steps after the gold peak")] is True  # 5, 20
+    latency = "median first HACK <= 10 steps after the unguarded gold peak ends"
+    assert holds[("diversity", latency)] is True  # the median of 5 and 12
+    every = "HACK in every run of a hacked seed (unguarded gold ends < 0.9 x its peak)"
+    assert holds[("diversity", every)] is True
     assert holds[("clean", "lg_kl_control: final gold within 5% of unguarded")] is True
     assert holds[("clean", "lg_pid_rollback: no rollback or stop in any seed")] is False
     assert holds[("clean", "lg_pid_rollback: final gold within 5% of unguarded")] is False
     assert holds[("all", "loopguard overhead < 5% of step time")] is True
+    grouped["diversity"]["lg_log_only"] = _rows(0.2, latency=None, first_hack=None)  # a hacked seed missed
+    grouped["diversity"]["lg_kl_control"] = _rows(0.75, latency=14)
+    holds = {(row["scenario"], row["target"]): row["holds"] for row in analysis.targets(grouped)}
+    assert holds[("diversity", every)] is False
+    assert holds[("diversity", latency)] is False  # the median of 14 and 12
+    detection = analysis.detection_rows({"metrics": grouped})
+    assert detection == ["| `diversity` | emerges | 1/1 | 2/3 | 30 | +13 | 1.00 |"]
 
 
 # ------------------------------------------------------------------------------------------- end to end

@@ -5,6 +5,8 @@ The arms (:data:`ARMS`):
 * ``fixed-<beta>`` -- plain GRPO at a fixed beta; ``fixed-0.001`` is the *unguarded* run;
 * ``adaptive_kl`` -- the Ziegler et al. (2019) adaptive KL controller (loopguard's ``AdaptiveKL`` in
   ``mode="adaptive_kl"``: no hack signals, beta steered toward a KL target), from beta 0.001;
+* ``lg_no_reference`` -- the ``lg_log_only`` Guard with the reference sample off (``reference_steps=0``,
+  so without ``takeover``): what a user loses by turning it off;
 * ``lg_log_only`` / ``lg_kl_control`` / ``lg_pid_rollback`` -- ``RewardHackMitigator`` in ``log_only``,
   ``kl_control`` and ``pid_lagrangian`` mode (the last two with the rollback ladder), from beta 0.001, with
   the *same* signals and settings in every scenario (:func:`loopguard_mitigator`).
@@ -54,9 +56,12 @@ ARMS: tuple[str, ...] = (
     "lg_log_only",
     "lg_kl_control",
     "lg_pid_rollback",
+    "lg_no_reference",
 )
 UNGUARDED = "fixed-0.001"
 LOOPGUARD_ARMS = ("lg_log_only", "lg_kl_control", "lg_pid_rollback")
+# the log-only Guard with the reference sample off: what turning it off loses
+NO_REFERENCE = "lg_no_reference"
 _LOOPGUARD_MODES = {
     "lg_log_only": "log_only",
     "lg_kl_control": "kl_control",
@@ -71,12 +76,17 @@ BATCH = 16  # completions per step: 2 prompts x 8 generations
 LEARNING_RATE = 3e-3
 
 
-def loopguard_mitigator(mode: str, checkpoint_dir: str) -> RewardHackMitigator:
-    """The one loopguard configuration used in every scenario (only the mode differs between arms)."""
+def loopguard_mitigator(mode: str, checkpoint_dir: str, *, reference: bool = True) -> RewardHackMitigator:
+    """The one loopguard configuration used in every scenario (only the mode differs between arms).
+
+    ``reference=False`` (log-only) turns the reference sample off, and with it ``takeover``, which needs it.
+    """
     signals: list[Any] = ["repetition", "diversity", "length", "collapse", "drift"]
-    signals.append(RMEnsemble(members=ENSEMBLE))
+    signals += [RMEnsemble(members=ENSEMBLE), "takeover"] if reference else [RMEnsemble(members=ENSEMBLE)]
     if mode == "log_only":
-        return RewardHackMitigator(guard=Guard(signals, mode="log_only"))
+        return RewardHackMitigator(
+            guard=Guard(signals, mode="log_only", reference_steps=3 if reference else 0)
+        )
     return RewardHackMitigator(
         guard=Guard(signals, mode=mode, ladder=EscalationLadder()),
         checkpoint=checkpoint_dir,
@@ -207,6 +217,8 @@ def run_one(
             )
         elif arm in LOOPGUARD_ARMS:
             mitigator = loopguard_mitigator(_LOOPGUARD_MODES[arm], os.path.join(folder, "checkpoints"))
+        elif arm == NO_REFERENCE:
+            mitigator = loopguard_mitigator("log_only", "", reference=False)
         if mitigator is not None:
             for event in ("on_train_begin", "on_step_end", "on_log", "on_save"):
                 setattr(mitigator, event, _timed(getattr(mitigator, event), loopguard_seconds))

@@ -204,7 +204,7 @@ class Scenario:
     gold: Reward
     ensemble: tuple[tuple[str, Reward], ...]
     hack: bool
-    warm_start: str  # "none", "lengths" or "signoff": how the initial policy is made (see policy.py)
+    warm_start: str  # "sft" or "signoff": how the initial (reference) policy is made (see policy.py)
     base: Reward | None = None
     onset: float = 0.0
     onset_free: bool = False  # no flaw is switched on: the scenario is the same for every onset
@@ -237,7 +237,7 @@ SCENARIOS: dict[str, Scenario] = {
             ("rm_d", diversity_variant(0.75)),
         ),
         hack=True,
-        warm_start="none",
+        warm_start="sft",
         onset_free=True,
     ),
     "length": Scenario(
@@ -252,7 +252,7 @@ SCENARIOS: dict[str, Scenario] = {
             ("rm_d", length_variant(0.0)),
         ),
         hack=True,
-        warm_start="lengths",
+        warm_start="sft",
         base=length_gold,
         onset=0.25,
     ),
@@ -267,7 +267,7 @@ SCENARIOS: dict[str, Scenario] = {
             ("rm_d", sentinel_variant(0.0)),
         ),
         hack=True,
-        warm_start="none",
+        warm_start="sft",
         base=sentinel_variant(0.0),
         onset=0.15,
     ),
@@ -296,7 +296,7 @@ SCENARIOS: dict[str, Scenario] = {
             ("rm_d", token_variant(0.0)),
         ),
         hack=True,
-        warm_start="none",
+        warm_start="sft",
         base=token_variant(0.0),
         onset=0.15,
     ),
@@ -311,7 +311,7 @@ SCENARIOS: dict[str, Scenario] = {
             ("rm_d", diversity_variant(1.0)),
         ),
         hack=False,
-        warm_start="none",
+        warm_start="sft",
         onset_free=True,
     ),
 }
