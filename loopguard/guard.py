@@ -792,22 +792,7 @@ class Guard:
                     )
                     raise StateError(msg)
                 baseline[key] = pair
-        reference: dict[str, list[float]] = {}
-        if "reference" in fields:
-            ref_fields = fields.sub("reference", keys=None)
-            for key in ref_fields.names():
-                if key not in metrics or not metrics[key].baseline:
-                    known = sorted(k for k, metric in metrics.items() if metric.baseline)
-                    name = ref_fields.name(key)
-                    msg = f"`{name}` is not a baseline statistic of {detector.name!r} ({known})."
-                    raise StateError(msg)
-                lo, hi = metrics[key].domain
-                reference[key] = check_state_reals(
-                    ref_fields.name(key), ref_fields.raw(key), lo=lo, hi=hi, max_length=_MAX_REFERENCE_BATCHES
-                )
-            if reference and not self.reference_steps:
-                msg = f"`{ref_fields.path}` must be empty with reference_steps=0, got {sorted(reference)}."
-                raise StateError(msg)
+        reference = self._decode_reference(detector, fields, metrics)
         window = self.smoothing.memory
         name = fields.name("recent")
         recent = check_state_reals(name, fields.raw("recent"), lo=0.0, hi=1.0, max_length=window)
@@ -826,6 +811,29 @@ class Guard:
             memory=detector.check_memory(fields.raw("memory"), fields.name("memory")),
             reference=reference,
         )
+
+    def _decode_reference(
+        self, detector: Detector, fields: Fields, metrics: dict[str, Any]
+    ) -> dict[str, list[float]]:
+        """A detector memory's reference sample: baseline statistics only, in their domains (absent: none)."""
+        reference: dict[str, list[float]] = {}
+        if "reference" not in fields:  # saved before the reference sample (state version 2 or 1)
+            return reference
+        ref_fields = fields.sub("reference", keys=None)
+        for key in ref_fields.names():
+            if key not in metrics or not metrics[key].baseline:
+                known = sorted(k for k, metric in metrics.items() if metric.baseline)
+                name = ref_fields.name(key)
+                msg = f"`{name}` is not a baseline statistic of {detector.name!r} ({known})."
+                raise StateError(msg)
+            lo, hi = metrics[key].domain
+            reference[key] = check_state_reals(
+                ref_fields.name(key), ref_fields.raw(key), lo=lo, hi=hi, max_length=_MAX_REFERENCE_BATCHES
+            )
+        if reference and not self.reference_steps:
+            msg = f"`{ref_fields.path}` must be empty with reference_steps=0, got {sorted(reference)}."
+            raise StateError(msg)
+        return reference
 
     def _decode_controller(self, fields: Fields, seen: int) -> Any:
         payload = fields.raw("controller")

@@ -134,9 +134,29 @@ def test_reference_settings_are_checked():
     for step in range(4):
         saved.step(healthy(step))
     state = saved.state_dict()
-    state["detectors"]["repetition"]["reference"]["rate"] = [0.0, 2.0, 0.0]
-    with pytest.raises(StateError, match=re.escape("reference")):
-        Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=5).load_state_dict(state)
+    bad = json.loads(json.dumps(state))
+    bad["detectors"]["repetition"]["reference"]["rate"] = [0.0, 2.0, 0.0]
+    with pytest.raises(
+        StateError, match=re.escape("state['detectors']['repetition']['reference']['rate'][1]")
+    ):
+        Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=5).load_state_dict(bad)
+    bad = json.loads(json.dumps(state))
+    bad["detectors"]["repetition"]["reference"]["nope"] = [0.0]
+    with pytest.raises(StateError, match=re.escape("is not a baseline statistic of 'repetition'")):
+        Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=5).load_state_dict(bad)
+    off = Guard(RELATIVE_ONLY, mode="log_only", warmup_steps=5, reference_steps=0)
+    with pytest.raises(
+        StateError, match=re.escape("must be empty with reference_steps=0, got ['rate', 'trapped']")
+    ):
+        off.load_state_dict({**state, "config": off.state_dict()["config"]})
+    emptied = {**state, "config": off.state_dict()["config"]}
+    emptied["detectors"] = {
+        name: {**memory, "reference": {}, "recent": []} for name, memory in state["detectors"].items()
+    }
+    with pytest.raises(
+        StateError, match=re.escape("`state['reference_batches']` must be 0 with reference_steps=0")
+    ):
+        off.load_state_dict(emptied)
 
 
 def test_takeover_sees_a_phrase_spreading_and_not_healthy_noise():
