@@ -1072,7 +1072,7 @@ class Guard:
         memory.warm = {}
 
     def _anchors(self, detector: Detector) -> dict[str, list[float]]:
-        """During the warm-up: ``[median, scale]`` of each statistic whose reference sample is complete.
+        """During the warm-up: ``[median, scale]`` of each statistic the reference sample measured.
 
         The median is the reference's (what the reference policy wrote); the noise scale is that of the
         reference and the healthy warm-up values so far, so it grows more reliable as the warm-up goes on.
