@@ -437,9 +437,21 @@ def _document_counts(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArra
     key = _splitmix(ids[valid])
     for shift in range(1, n):
         key = _splitmix(key ^ ids[valid + shift])
-    pairs = np.unique(np.stack([rows[valid].astype(np.uint64), key], axis=1), axis=0)
-    keys, counts = np.unique(pairs[:, 1], return_counts=True)
-    return keys, counts.astype(np.int64)
+    order = np.argsort(key)
+    ordered = key[order]
+    new = np.empty(len(ordered), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    keys = ordered[new]
+    index = np.empty(len(key), dtype=np.int64)
+    index[order] = np.cumsum(new) - 1  # each occurrence's n-gram, as a position in `keys`
+    # a completion counts an n-gram once: one (completion, n-gram) pair per distinct pair, found by sorting
+    pairs = np.sort(rows[valid] * len(keys) + index)
+    first = np.empty(len(pairs), dtype=bool)
+    first[:1] = True
+    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
+    counts = np.bincount(pairs[first] % len(keys), minlength=len(keys)).astype(np.int64)
+    return keys, counts
 
 
 @attrs.frozen
@@ -526,17 +538,20 @@ class Takeover(_NgramDetector):
     def _pool(
         self, memory: dict[str, Any], keys: NDArray[np.uint64], counts: NDArray[np.int64], rows: int
     ) -> None:
-        pooled = dict(zip(memory.get("keys", []), memory.get("counts", []), strict=True))
-        for key, count in zip(keys.tolist(), counts.tolist(), strict=True):
-            pooled[key] = pooled.get(key, 0) + count
+        all_keys = np.concatenate([np.asarray(memory.get("keys", []), dtype=np.uint64), keys])
+        all_counts = np.concatenate([np.asarray(memory.get("counts", []), dtype=np.int64), counts])
+        order = np.argsort(all_keys)
+        all_keys, all_counts = all_keys[order], all_counts[order]
+        starts = np.flatnonzero(np.r_[True, all_keys[1:] != all_keys[:-1]]) if len(all_keys) else order
+        merged_keys, merged_counts = all_keys[starts], np.add.reduceat(all_counts, starts)
         floor = int(memory.get("floor", 0))
-        if len(pooled) > self.keep:
-            ranked = sorted(pooled.items(), key=lambda item: -item[1])
-            floor = max(floor, ranked[self.keep][1])
-            pooled = dict(ranked[: self.keep])
-        ordered = sorted(pooled)
-        memory["keys"] = ordered
-        memory["counts"] = [pooled[key] for key in ordered]
+        if len(merged_keys) > self.keep:  # keep the most frequent; the largest count dropped is the floor
+            ranked = np.argsort(-merged_counts, kind="stable")
+            floor = max(floor, int(merged_counts[ranked[self.keep]]))
+            kept = np.sort(ranked[: self.keep])
+            merged_keys, merged_counts = merged_keys[kept], merged_counts[kept]
+        memory["keys"] = merged_keys.tolist()
+        memory["counts"] = merged_counts.tolist()
         memory["floor"] = floor
         memory["rows"] = int(memory.get("rows", 0)) + rows
 

@@ -604,6 +604,7 @@ class Guard:
         self._stopped_reason: str | None = None
         self._episode = _Episode()
         self._reference_batches = 0
+        self._anchor_cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict[str, list[float]]]] = {}
 
     def _fingerprint(self) -> dict[str, Any]:
         return {
@@ -883,6 +884,7 @@ class Guard:
         self._said, self._stopped_reason = memory.said, memory.stopped_reason
         self._episode = memory.episode
         self._reference_batches = memory.reference_batches
+        self._anchor_cache = {}
 
     @property
     def beta(self) -> float | None:
@@ -1078,6 +1080,12 @@ class Guard:
         reference and the healthy warm-up values so far, so it grows more reliable as the warm-up goes on.
         """
         memory = self._memories[detector.name]
+        sizes = tuple(
+            (key, len(values), len(memory.warm.get(key, []))) for key, values in memory.reference.items()
+        )
+        cached = self._anchor_cache.get(detector.name)
+        if cached is not None and cached[0] == sizes:  # the buffers only grow: same sizes, same values
+            return cached[1]
         anchors: dict[str, list[float]] = {}
         for key, reference in memory.reference.items():
             if not reference:
@@ -1085,6 +1093,7 @@ class Guard:
             series = reference + memory.warm.get(key, [])
             scale = robust_baseline(series).scale if len(series) >= 3 else 0.0
             anchors[key] = [float(np.median(reference)), scale]
+        self._anchor_cache[detector.name] = (sizes, anchors)
         return anchors
 
     def _against(
