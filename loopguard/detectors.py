@@ -275,6 +275,17 @@ class Detector:
         return {}
 
 
+def _memory_fields(memory: object, path: str, allowed: tuple[str, ...]) -> Fields:
+    """A detector's saved memory, read key by key; a key the detector never writes is refused."""
+    fields = Fields(memory, path, keys=None)
+    unknown = sorted(set(fields.names()) - set(allowed))
+    if unknown:
+        names = " and ".join([", ".join(repr(key) for key in allowed[:-1]), repr(allowed[-1])])
+        msg = f"`{path}` must have only the keys {names}, got unexpected {unknown}."
+        raise StateError(msg)
+    return fields
+
+
 def _rows(value: Any) -> int:
     return len(value)
 
@@ -557,11 +568,7 @@ class Takeover(_NgramDetector):
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Memory: sorted n-gram ``keys`` (uint64), their ``counts``, the pruning ``floor``, ``rows``."""
-        fields = Fields(memory, path, keys=None)
-        unknown = sorted(set(fields.names()) - {"keys", "counts", "floor", "rows"})
-        if unknown:
-            msg = f"`{path}` must have only the keys 'keys', 'counts', 'floor' and 'rows', got {unknown}."
-            raise StateError(msg)
+        fields = _memory_fields(memory, path, ("keys", "counts", "floor", "rows"))
         if not fields.names():
             return {}
         keys = [
@@ -734,11 +741,7 @@ class RewardDrift(Detector):
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Memory: ``reference`` (at most ``reference_size`` finite rewards) and ``frozen``."""
-        fields = Fields(memory, path, keys=None)
-        unknown = sorted(set(fields.names()) - {"reference", "frozen"})
-        if unknown:
-            msg = f"`{path}` must have only the keys 'reference' and 'frozen', got unexpected {unknown}."
-            raise StateError(msg)
+        fields = _memory_fields(memory, path, ("reference", "frozen"))
         out: dict[str, Any] = {}
         if "reference" in fields:
             reference, size = fields.raw("reference"), self.reference_size
@@ -878,11 +881,7 @@ class InfoRM(Detector):
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Memory: reference ``pool`` (rows of one width), ``pool_steps``, ``frozen``, DBSCAN ``eps``."""
-        fields = Fields(memory, path, keys=None)
-        unknown = sorted(set(fields.names()) - {"pool", "pool_steps", "frozen", "eps"})
-        if unknown:
-            msg = f"`{path}` must have only the keys 'pool', 'pool_steps', 'frozen' and 'eps', got {unknown}."
-            raise StateError(msg)
+        fields = _memory_fields(memory, path, ("pool", "pool_steps", "frozen", "eps"))
         out: dict[str, Any] = {}
         if "pool" in fields:
             rows = fields.items("pool", max_length=self.reference_size)
