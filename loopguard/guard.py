@@ -964,6 +964,7 @@ class Guard:
             raise ConfigError(msg)
         reading = _Reading(observation=observation, beta_before=self._beta)
         data = StepData(observation, warmup_steps=self.warmup_steps, reference=True)
+        said = set(self._said)  # a one-time note belongs to a training step's decision: keep it for one
         for detector in self.detectors:
             raw = self._measure(detector, data, reading)
             if raw is None:
@@ -972,6 +973,7 @@ class Guard:
             for key in self._baseline_keys(detector):
                 if key in raw:
                     memory.reference.setdefault(key, []).append(raw[key])
+        self._said = said
         self._reference_batches += 1
 
     @property

@@ -125,6 +125,14 @@ def test_reference_batches_drawn_before_training_come_first():
         assert twin.step(healthy(step)).scores == guard.step(healthy(step)).scores
 
 
+def test_a_skip_note_from_a_reference_batch_reaches_the_first_decision():
+    guard = Guard(beta=0.01, warmup_steps=10)
+    bare = Observation(0, np.zeros(B), completion_ids=np.zeros((B, 12), dtype=int))  # no groups: no collapse
+    guard.add_reference(bare)
+    first = guard.step(Observation(0, np.zeros(B), completion_ids=np.zeros((B, 12), dtype=int)))
+    assert any("signal 'collapse' skipped" in note for note in first.notes)
+
+
 def test_reference_settings_are_checked():
     with pytest.raises(ConfigError, match=re.escape("`reference_steps` must be")):
         Guard(warmup_steps=5, reference_steps=6)
