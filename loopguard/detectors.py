@@ -471,12 +471,14 @@ class Takeover(_NgramDetector):
 
     The reference sample (:meth:`Guard.add_reference <loopguard.guard.Guard.add_reference>` batches and
     the Guard's first ``reference_steps`` steps) records in how many completions each n-gram occurs. Each
-    later batch is scored by its most over-represented n-gram, less two standard errors of the two shares
-    (so batch-to-batch noise, larger in small batches, does not read as a takeover):
+    later batch is scored by its most over-represented n-gram, less ``margin`` (default 4) standard errors
+    of the two shares, so batch-to-batch noise, larger in small batches, does not read as a takeover: the
+    maximum is taken over hundreds of n-grams, and a one-sided normal tail of 0.01 shared among 300-1,000 of
+    them needs 3.9-4.3 standard errors (Bonferroni):
 
     .. math::
 
-        \mathrm{excess} = \max_g \Big(p_g - q_g - 2\sqrt{p_g(1-p_g)/B + q_g(1-q_g)/R}\Big)
+        \mathrm{excess} = \max_g \Big(p_g - q_g - m\sqrt{p_g(1-p_g)/B + q_g(1-q_g)/R}\Big)
 
     where :math:`p_g` is the share of the ``B`` completions containing n-gram ``g`` and :math:`q_g` its
     share among the ``R`` reference completions (in the square root, each share is taken as
@@ -494,6 +496,8 @@ class Takeover(_NgramDetector):
         n: n-gram size (default 2: a phrase, or a token repeated).
         bands: ``(warn, hack)`` levels of the excess share, ``0 < warn < hack <= 1``.
         keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
+        margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4: no
+            healthy run of ``benchmarks/false_alarms.py --takeover`` reads HACK at batch 8, 16 or 64.
     """
 
     name: ClassVar[str] = "takeover"
@@ -504,6 +508,7 @@ class Takeover(_NgramDetector):
     )
     bands: tuple[float, float] = attrs.field(default=(0.2, 0.4), converter=_pair)
     keep: int = attrs.field(default=4096, validator=integer(lo=16, hi=1_000_000))
+    margin: float = attrs.field(default=4.0, validator=real(lo=0.0, hi=10.0))
 
     def __attrs_post_init__(self) -> None:
         """Check the bands."""
@@ -543,7 +548,7 @@ class Takeover(_NgramDetector):
         # the spread of each share uses (k + 1) / (n + 2), so a share of 0 or 1 still has one (Agresti-Coull)
         p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
         spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
-        excess = p - q - 2.0 * spread
+        excess = p - q - self.margin * spread
         return {"excess_share": float(np.clip(excess.max(), -1.0, 1.0))}
 
     def _pool(
