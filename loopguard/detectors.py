@@ -496,8 +496,9 @@ class Takeover(_NgramDetector):
         n: n-gram size (default 2: a phrase, or a token repeated).
         bands: ``(warn, hack)`` levels of the excess share, ``0 < warn < hack <= 1``.
         keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
-        margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4: no
-            healthy run of ``benchmarks/false_alarms.py --takeover`` reads HACK at batch 8, 16 or 64.
+        margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4: in
+            ``benchmarks/false_alarms.py --takeover`` one step of one healthy run in 1,200 reads HACK
+            (Bernoulli rewards, batch 8) and none acts; with 2, 10-42 % of the runs at batch 8 read HACK.
     """
 
     name: ClassVar[str] = "takeover"
