@@ -8,6 +8,7 @@ near one threshold cannot make beta flap.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar, NamedTuple
 
 import attrs
@@ -27,6 +28,9 @@ from loopguard.exceptions import ConfigError
 
 __all__ = ["BangBang", "BangBangState"]
 
+_MIN_KL = 1e-3  # nats per token: below it the policy has not moved and the sized beta is the ceiling anyway
+_SNAP = 1e-3  # a remembered floor within this relative distance of the starting beta is forgotten
+
 
 @attrs.frozen
 class BangBangState(JSONState):
@@ -39,6 +43,9 @@ class BangBangState(JSONState):
         tripped: Whether the controller is tripped (beta above base, or raised and not yet released).
         steps_above: Consecutive updates with ``vote >= trip_band`` (0 after any other vote).
         steps_below: Consecutive updates with ``vote <= release_band`` (0 after any other vote).
+        floor_beta: The remembered beta that last held a hack off (beta at the first relaxing step after
+            a trip), decaying toward ``base_beta``; relaxing never goes below it. None when there is no
+            memory (never tripped, memory off, or decayed back to ``base_beta``).
     """
 
     step: int = attrs.field(validator=StateField("int", lo=0))
@@ -47,6 +54,9 @@ class BangBangState(JSONState):
     tripped: bool = attrs.field(validator=StateField("bool"))
     steps_above: int = attrs.field(validator=StateField("int", lo=0))
     steps_below: int = attrs.field(validator=StateField("int", lo=0))
+    floor_beta: float | None = attrs.field(
+        default=None, validator=StateField("real", lo=0.0, lo_inclusive=False, optional=True)
+    )
 
     def __attrs_post_init__(self) -> None:
         """Check the invariants every reachable state satisfies: never below base; untripped means at base."""
@@ -55,6 +65,12 @@ class BangBangState(JSONState):
             raise ConfigError(msg)
         if not self.tripped and self.beta != self.base_beta:
             msg = f"`beta` must be base_beta ({self.base_beta:g}) when untripped, got {describe(self.beta)}."
+            raise ConfigError(msg)
+        if self.floor_beta is not None and not self.base_beta < self.floor_beta <= self.beta:
+            msg = (
+                f"`floor_beta` must be in (base_beta, beta] = ({self.base_beta:g}, {self.beta:g}] or None, "
+                f"got {describe(self.floor_beta)}."
+            )
             raise ConfigError(msg)
         if self.steps_above and self.steps_below:
             msg = (
@@ -82,7 +98,26 @@ class BangBang(KLControllerBase[BangBangState]):
         \end{cases}
 
     where :math:`\beta_0` is the user's starting beta (``init(base_beta)``) and :math:`g` the gain. It
-    untrips when beta is back at :math:`\beta_0`. Counters mean *consecutive*: a vote that is not
+    untrips when beta is back at :math:`\beta_0`. Two refinements make the first response count and keep
+    a flaw that keeps paying from coming back:
+
+    * **A first raise sized to the run** (``size_fraction`` :math:`f > 0`). The raise that trips the
+      controller jumps to at least :math:`\beta^\star = f\,|A| / \sqrt{2\,\mathrm{KL}}`, where KL is
+      the step's measured per-token KL to the reference (``ControlInput.kl``) and :math:`|A|` the advantage
+      scale (``ControlInput.advantage_scale``: 1 when the trainer normalises advantages). The KL term's
+      gradient on a token's log-probability is about the log-ratio :math:`\delta` to the reference, whose
+      root mean square is :math:`\sqrt{2\,\mathrm{KL}}` (the k3 estimator is :math:`\approx\delta^2/2`),
+      while the policy-gradient term's is :math:`|A|`; so at :math:`\beta^\star` the pull back toward
+      the reference is :math:`f` times the push of the reward. Without a KL or an advantage scale, the
+      first raise is :math:`g\,\beta_t` like every other.
+    * **Beta with memory** (``memory_half_life`` :math:`h > 0`). The beta at the first relaxing step after
+      a trip held the hack off; it becomes the floor :math:`\beta_{mem}` that relaxing never goes below,
+      and the floor decays toward :math:`\beta_0` by half every :math:`h` healthy steps. So beta relaxes
+      slowly from the level that worked instead of falling back to the user's beta, where the flaw pays
+      again (a limit cycle of trips and releases). A new trip that holds at a higher beta resets the floor
+      there. ``memory_half_life=0`` relaxes all the way down by the gain, as the first release did.
+
+    Counters mean *consecutive*: a vote that is not
     :math:`\ge \tau_{trip}` resets :math:`a_t`, and a vote that is not :math:`\le \tau_{rel}` resets
     :math:`b_t`. Hence a vote strictly inside the band :math:`(\tau_{rel}, \tau_{trip})` never changes beta or
     the tripped flag; it only interrupts a streak, so tripping needs ``dwell_steps`` high votes in a row and
@@ -109,13 +144,17 @@ class BangBang(KLControllerBase[BangBangState]):
         gain: Multiplicative step, > 1. Default 1.5 (about 8 raises from 0.04 to the 1.0 ceiling).
         beta_floor: Smallest beta any state may hold, > 0. Default 1e-6. ``base_beta`` must be >= it.
         beta_ceil: Largest beta, > beta_floor. Default 1.0.
+        size_fraction: :math:`f` above, in [0, 10]: the first raise's KL pull as a fraction of the reward's
+            push. Default 0.5. 0 turns sizing off (every raise is one gain step).
+        memory_half_life: :math:`h` above, healthy steps for the remembered floor to halve its distance
+            to the starting beta, >= 0. Default 50. 0 turns the memory off.
 
     Raises:
         LoopguardTypeError: a bool or non-number where a number is expected.
         ConfigError: a value out of range, ``release_band >= trip_band`` or ``beta_floor >= beta_ceil``.
 
     Example:
-        >>> ctl = BangBang()
+        >>> ctl = BangBang(memory_half_life=0)  # no memory: relax all the way back to the user's beta
         >>> state = ctl.init(0.01)
         >>> for vote in [0.5, 0.5, 0.2, 0.05, 0.05, 0.05]:
         ...     out, state = ctl.update(state, ControlInput(vote=vote))
@@ -147,6 +186,8 @@ class BangBang(KLControllerBase[BangBangState]):
     gain: float = attrs.field(default=1.5, validator=real(lo=1.0, lo_inclusive=False))
     beta_floor: float = attrs.field(default=1e-6, validator=real(lo=0.0, lo_inclusive=False))
     beta_ceil: float = attrs.field(default=1.0, validator=real(lo=0.0, lo_inclusive=False))
+    size_fraction: float = attrs.field(default=0.5, validator=real(lo=0.0, hi=10.0))
+    memory_half_life: float = attrs.field(default=50.0, validator=real(lo=0.0, hi=1e6))
 
     def _check_config(self) -> None:
         """Check the cross-field rule ``release_band < trip_band``."""
@@ -177,14 +218,20 @@ class BangBang(KLControllerBase[BangBangState]):
         above, below = vote >= self.trip_band, vote <= self.release_band
         steps_above = state.steps_above + 1 if above else 0
         steps_below = state.steps_below + 1 if below else 0
+        floor = state.floor_beta
         if above and (state.tripped or steps_above >= self.dwell_steps):
-            move = self._raise(state.beta, vote, steps_above)
+            sized = None if state.tripped else self._sized(signal)
+            move = self._raise(state.beta, vote, steps_above, sized)
         elif below and state.tripped and steps_below >= self.release_patience:
-            move = self._relax(state, vote, steps_below, allow_lower)
+            if self.memory_half_life > 0:
+                floor = self._remember(state, steps_below)
+            move = self._relax(state, vote, steps_below, allow_lower, floor)
         else:
             move = _Move(
                 state.beta, state.tripped, False, self._hold_reason(state, vote, steps_above, steps_below)
             )
+        if floor is not None and not state.base_beta < floor <= move.beta:
+            floor = None if floor <= state.base_beta or not move.tripped else min(floor, move.beta)
         new_state = BangBangState(
             step=state.step + 1,
             base_beta=state.base_beta,
@@ -192,6 +239,7 @@ class BangBang(KLControllerBase[BangBangState]):
             tripped=move.tripped,
             steps_above=steps_above,
             steps_below=steps_below,
+            floor_beta=floor,
         )
         components = {
             "vote": vote,
@@ -203,13 +251,31 @@ class BangBang(KLControllerBase[BangBangState]):
             "base_beta": state.base_beta,
             "tripped": float(move.tripped),
             "lower_blocked": float(move.blocked),
+            "floor_beta": state.base_beta if floor is None else floor,
         }
         return ControlOutput.step(state.beta, move.beta, components, move.reason), new_state
 
-    def _raise(self, before: float, vote: float, steps_above: int) -> _Move:
-        """Multiply beta by the gain (tripped, or tripping now), up to the ceiling."""
-        beta = min(self.beta_ceil, before * self.gain)
+    def _sized(self, signal: ControlInput) -> tuple[float, str] | None:
+        """The first raise's size, f |A| / sqrt(2 KL), and its explanation; None when it cannot be sized."""
+        kl, scale = signal.kl, signal.advantage_scale
+        if self.size_fraction == 0 or kl is None or scale is None or scale <= 0:
+            return None
+        kl = max(kl, _MIN_KL)
+        beta = self.size_fraction * scale / math.sqrt(2.0 * kl)
+        why = (
+            f"sized so that the KL pull beta*sqrt(2*KL) is {self.size_fraction:g} x the advantage scale "
+            f"{scale:.3g} at the measured KL {kl:.3g} nats/token"
+        )
+        return beta, why
+
+    def _raise(self, before: float, vote: float, steps_above: int, sized: tuple[float, str] | None) -> _Move:
+        """Multiply beta by the gain (when tripping now: at least the sized beta), up to the ceiling."""
+        stepped = before * self.gain
+        beta = min(self.beta_ceil, stepped)
         why = f"vote {vote:.2f} >= trip {self.trip_band:g} for {steps_text(steps_above)}"
+        if sized is not None and sized[0] > stepped:
+            beta = min(self.beta_ceil, sized[0])
+            why += f"; {sized[1]}"
         reason = (
             change_reason(before, beta, beta, why) or f"held beta at the ceiling {fmt_beta(before)}: {why}"
         )
@@ -217,10 +283,22 @@ class BangBang(KLControllerBase[BangBangState]):
             reason += " (now at the ceiling)"
         return _Move(beta, True, False, reason)
 
-    def _relax(self, state: BangBangState, vote: float, steps_below: int, allow_lower: bool) -> _Move:
-        """Divide beta by the gain, down to the user's beta (held instead while lowering is not allowed)."""
+    def _remember(self, state: BangBangState, steps_below: int) -> float | None:
+        """The floor after this healthy step: beta on the first relaxing step, then halving every h steps."""
+        base = state.base_beta
+        if steps_below == self.release_patience:  # the beta now held the hack off for release_patience steps
+            return state.beta if state.beta > base else None
+        if state.floor_beta is None:
+            return None
+        floor = base + (state.floor_beta - base) * 0.5 ** (1.0 / self.memory_half_life)
+        return None if floor - base <= _SNAP * base else floor
+
+    def _relax(
+        self, state: BangBangState, vote: float, steps_below: int, allow_lower: bool, floor: float | None
+    ) -> _Move:
+        """Divide beta by the gain, down to the remembered floor or the user's beta (or hold)."""
         before, base = state.beta, state.base_beta
-        relaxed = snap_to_base(max(base, before / self.gain), base)
+        relaxed = snap_to_base(max(base if floor is None else floor, before / self.gain), base)
         why = f"vote {vote:.2f} <= release {self.release_band:g}"
         if not allow_lower:
             reason = (
@@ -228,13 +306,22 @@ class BangBang(KLControllerBase[BangBangState]):
                 "but lowering is not allowed now (cooldown after a rollback)"
             )
             return _Move(before, state.tripped, relaxed < before, reason)
-        if relaxed == before:  # tripped at the ceiling with base == ceil: nothing left to relax
+        if relaxed == before:
+            if floor is not None:
+                text = f"held beta {fmt_beta(before)}: {why} for {steps_text(steps_below)}"
+                return _Move(before, True, False, f"{text}; it held the hack off, remembered as the floor")
+            # tripped at the ceiling with base == ceil: nothing left to relax
             return _Move(before, False, False, f"held beta {fmt_beta(before)} (the starting beta): {why}")
         reason = (
             f"lowered beta {fmt_beta(before)} -> {fmt_beta(relaxed)}: {why} for {steps_text(steps_below)}"
         )
         if relaxed == base:
             reason += "; back at the starting beta, released"
+        elif floor is not None and relaxed == floor:
+            reason += (
+                f"; following the remembered beta that held the hack off, which halves its distance to the "
+                f"starting beta {fmt_beta(base)} every {self.memory_half_life:g} healthy steps"
+            )
         return _Move(relaxed, relaxed > base, False, reason)
 
     def _hold_reason(self, state: BangBangState, vote: float, steps_above: int, steps_below: int) -> str:

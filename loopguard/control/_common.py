@@ -152,19 +152,27 @@ def _batch_size(value: object) -> int | None:
     return None if value is None else check_steps("batch_size", value)
 
 
+def _scale(value: object) -> float | None:
+    return None if value is None else check_measurement("advantage_scale", value, lo=0.0, hi=None)
+
+
 @attrs.frozen
 class ControlInput:
     """What one step gives a KL controller; each controller reads the fields it steers on.
 
     :class:`~loopguard.control.BangBang` and :class:`~loopguard.control.PIDLagrangian` read ``vote``;
-    :class:`~loopguard.control.AdaptiveKL` reads ``kl`` and ``batch_size``. Values are checked and stored as
-    plain ``float``/``int`` when the record is built.
+    :class:`~loopguard.control.AdaptiveKL` reads ``kl`` and ``batch_size``;
+    :class:`~loopguard.control.BangBang` sizes its first raise from ``kl`` and ``advantage_scale``. Values
+    are checked and stored as plain ``float``/``int`` when the record is built.
 
     Attributes:
         vote: The Guard's combined hack score, a finite number in [0, 1]. Default 0.0.
         kl: The step's measured mean KL to the reference policy, finite, or None when the step has none. It
             may be slightly negative (a k1 estimate on one batch); AdaptiveKL clips it to 0.
         batch_size: Completions in the step (an int >= 1), or None.
+        advantage_scale: The typical size of the advantages the policy gradient multiplies (1.0 when the
+            trainer normalises them, as GRPO does by default; the rewards' within-group spread otherwise),
+            finite and >= 0, or None when unknown.
 
     Raises:
         LoopguardTypeError: a bool or non-number where a number is expected.
@@ -182,6 +190,7 @@ class ControlInput:
     vote: float = attrs.field(default=0.0, converter=_vote)
     kl: float | None = attrs.field(default=None, converter=_kl)
     batch_size: int | None = attrs.field(default=None, converter=_batch_size)
+    advantage_scale: float | None = attrs.field(default=None, converter=_scale)
 
 
 @attrs.frozen

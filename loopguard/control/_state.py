@@ -93,8 +93,14 @@ class StateField:
 _S = TypeVar("_S", bound="JSONState")
 
 
-def _checked_layout(payload: object, state_name: str, keys: Iterable[str]) -> Mapping[str, Any]:
-    """Check that ``payload`` is a dict of this state's kind and version with exactly the right keys."""
+def _checked_layout(
+    payload: object, state_name: str, keys: Iterable[str], added: Iterable[str] = ()
+) -> Mapping[str, Any]:
+    """Check that ``payload`` is a dict of this state's kind and version with exactly the right keys.
+
+    ``added`` are keys of fields added after the first release (they have defaults): a payload saved before
+    them may lack them.
+    """
     if not isinstance(payload, Mapping):
         msg = (
             f"`state` must be a dict (from {state_name}.to_dict()), got {describe(payload)} "
@@ -105,7 +111,7 @@ def _checked_layout(payload: object, state_name: str, keys: Iterable[str]) -> Ma
         msg = f"`state['kind']` must be {state_name!r}, got {describe(payload['kind'])}."
         raise StateError(msg)
     expected = {"kind", "version", *keys}
-    missing = sorted(expected - set(payload))
+    missing = sorted(expected - set(payload) - set(added))
     unexpected = sorted(str(key) for key in set(payload) - expected)
     if missing or unexpected:
         msg = (
@@ -128,7 +134,8 @@ class JSONState:
     written as lists. ``from_dict`` refuses a payload that is not a dict, the wrong ``kind`` or ``version``,
     missing or unknown keys, a value of the wrong type, NaN or infinite, out of range, or fields that
     contradict each other (the class's ``__attrs_post_init__``), always with a
-    :class:`~loopguard.exceptions.StateError` that names the field.
+    :class:`~loopguard.exceptions.StateError` that names the field. A field with a default was added after
+    the first release: a payload saved before it may lack its key, which then takes the default.
 
     Example:
         >>> import json
@@ -174,7 +181,10 @@ class JSONState:
                 value of the wrong type, not finite or out of range; fields that contradict each other.
         """
         checks = cls._fields()
-        fields = _checked_layout(payload, cls.__name__, checks)
+        added = [f.name for f in attrs.fields(cls) if f.default is not attrs.NOTHING]
+        fields = _checked_layout(payload, cls.__name__, checks, added)
         with as_state_error():
-            values = {key: check.read(f"state.{key}", fields[key]) for key, check in checks.items()}
+            values = {
+                key: check.read(f"state.{key}", fields[key]) for key, check in checks.items() if key in fields
+            }
             return cls(**values)

@@ -1,4 +1,5 @@
 import json
+import math
 import re
 
 import numpy as np
@@ -67,7 +68,7 @@ WORKED = [
 
 def test_worked_example_hand_computed():
     votes = [vote for vote, _, _ in WORKED]
-    outputs, states = run(BangBang(), votes, 0.01)
+    outputs, states = run(BangBang(memory_half_life=0), votes, 0.01)
     assert [o.beta for o in outputs] == pytest.approx([beta for _, beta, _ in WORKED], rel=1e-12)
     assert [o.direction for o in outputs] == [direction for _, _, direction in WORKED]
     assert [s.tripped for s in states] == [False] * 4 + [True] * 9 + [False] * 2
@@ -77,7 +78,7 @@ def test_worked_example_hand_computed():
 
 
 def test_reasons_carry_the_numbers():
-    outputs, _ = run(BangBang(), [x for x, _, _ in WORKED], 0.01)
+    outputs, _ = run(BangBang(memory_half_life=0), [x for x, _, _ in WORKED], 0.01)
     assert outputs[1].reason == "held beta 0.01: vote 0.35 >= trip 0.3 for 1 of 2 steps needed to trip"
     assert outputs[2].reason == "held beta 0.01: vote 0.20 inside the hysteresis band (0.1, 0.3)"
     assert outputs[4].reason == "raised beta 0.01 -> 0.015: vote 0.45 >= trip 0.3 for 2 steps"
@@ -90,7 +91,7 @@ def test_reasons_carry_the_numbers():
 
 
 def test_components_explain_the_step():
-    outputs, _ = run(BangBang(), [0.5, 0.71], 0.01)
+    outputs, _ = run(BangBang(memory_half_life=0), [0.5, 0.71], 0.01)
     assert isinstance(outputs[1], ControlOutput)
     assert outputs[1].components == {
         "vote": 0.71,
@@ -102,6 +103,7 @@ def test_components_explain_the_step():
         "base_beta": 0.01,
         "tripped": 1.0,
         "lower_blocked": 0.0,
+        "floor_beta": 0.01,
     }
 
 
@@ -117,7 +119,7 @@ def test_raise_stops_at_the_ceiling_and_says_so():
 def test_release_returns_to_the_users_beta_not_a_floor_below_it():
     # The predecessor relaxed to a floor (0.02) under the user's beta; after one trip and release the run was
     # regularised less than configured. Here beta comes back to exactly the base beta and stays.
-    ctl = BangBang(beta_floor=0.001)
+    ctl = BangBang(beta_floor=0.001, memory_half_life=0)
     votes = [0.9] * 6 + [0.0] * 40
     outputs, states = run(ctl, votes, 0.05)
     assert max(o.beta for o in outputs) > 0.05
@@ -127,7 +129,7 @@ def test_release_returns_to_the_users_beta_not_a_floor_below_it():
 
 
 def test_allow_lower_false_holds_and_counters_still_advance():
-    ctl = BangBang()
+    ctl = BangBang(memory_half_life=0)
     votes = [0.9, 0.9, 0.0, 0.0, 0.0, 0.0, 0.0]
     allow = [True, True, False, False, False, False, True]
     outputs, states = run(ctl, votes, 0.01, allow)
@@ -166,6 +168,7 @@ def configs(draw):
         gain=draw(st.floats(1.01, 5.0)),
         beta_floor=floor,
         beta_ceil=ceil,
+        memory_half_life=0,
     )
     return ctl, base
 
@@ -248,7 +251,7 @@ def test_plant_with_persistent_hack_pressure_keeps_excursions_short_and_small(pl
     # must do is cut every excursion short: never above trip + 0.1, never more than dwell + 3 steps above
     # trip, and above trip on at most a fifth of the steps.
     for seed in range(3):
-        scores, betas = plant(BangBang(), base_beta, seed=seed)
+        scores, betas = plant(BangBang(memory_half_life=0), base_beta, seed=seed)
         first = int(np.argmax(scores >= 0.3))
         assert first > 0
         after = scores[first:]
@@ -266,7 +269,7 @@ def test_plant_with_persistent_hack_pressure_keeps_excursions_short_and_small(pl
 @pytest.mark.parametrize("base_beta", [0.001, 0.04, 0.3])
 def test_plant_hack_episode_is_brought_under_the_band_and_beta_returns_to_base(plant, base_beta):
     for seed in range(3):
-        scores, betas = plant(BangBang(), base_beta, seed=seed, drift_until=200)
+        scores, betas = plant(BangBang(memory_half_life=0), base_beta, seed=seed, drift_until=200)
         assert scores[:200].max() >= 0.3  # the hack did trip the controller
         assert betas[:200].max() > base_beta
         assert scores[-150:].max() < 0.3
@@ -318,7 +321,7 @@ def test_bad_config(kwargs, error, message):
 )
 def test_bad_base_beta(base, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        BangBang().init(base)
+        BangBang(memory_half_life=0).init(base)
 
 
 @pytest.mark.parametrize(
@@ -349,20 +352,20 @@ def test_bad_vote_is_refused_when_the_input_is_built(vote, error, message):
     ],
 )
 def test_bad_update_arguments(signal, allow_lower, message):
-    ctl = BangBang()
+    ctl = BangBang(memory_half_life=0)
     with pytest.raises(LoopguardTypeError, match=re.escape(message)):
         ctl.update(ctl.init(0.01), signal, allow_lower=allow_lower)
 
 
 def test_numpy_scalars_are_accepted():
-    ctl = BangBang()
+    ctl = BangBang(memory_half_life=0)
     output, _ = ctl.update(ctl.init(np.float32(0.01)), ControlInput(vote=np.float64(0.5)))
     assert type(output.beta) is float
     assert type(output.components["vote"]) is float
 
 
 def test_wrong_state_is_rejected():
-    ctl = BangBang()
+    ctl = BangBang(memory_half_life=0)
     with pytest.raises(
         LoopguardTypeError, match=re.escape("`state` must be a BangBangState (from BangBang.init")
     ):
@@ -401,7 +404,7 @@ def test_wrong_state_is_rejected():
     ],
 )
 def test_from_dict_validates(mutate, error, message):
-    payload = BangBang().init(0.01).to_dict()
+    payload = BangBang(memory_half_life=0).init(0.01).to_dict()
     mutate(payload)
     with pytest.raises(error, match=re.escape(message)):
         BangBangState.from_dict(payload)
@@ -413,7 +416,7 @@ def test_from_dict_rejects_non_dict():
 
 
 def test_to_dict_is_plain_json():
-    _, states = run(BangBang(), [0.9, 0.9], 0.01)
+    _, states = run(BangBang(memory_half_life=0), [0.9, 0.9], 0.01)
     payload = states[-1].to_dict()
     assert payload == {
         "kind": "BangBangState",
@@ -424,5 +427,63 @@ def test_to_dict_is_plain_json():
         "tripped": True,
         "steps_above": 2,
         "steps_below": 0,
+        "floor_beta": None,
     }
     assert json.loads(json.dumps(payload)) == payload
+
+
+def test_a_state_saved_before_the_memory_existed_loads_without_a_floor():
+    payload = BangBang().init(0.01).to_dict()
+    del payload["floor_beta"]
+    assert BangBangState.from_dict(payload).floor_beta is None
+
+
+# ---------------------------------------------------------------------------------- memory and sizing
+
+
+def test_memory_holds_the_beta_that_held_the_hack_off_and_decays_by_half_per_half_life():
+    ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10)
+    votes = [0.9, 0.9, 0.9, 0.9] + [0.0] * 32  # trips at 0.01 -> 0.02 -> 0.04 -> 0.08, then healthy
+    outputs, states = run(ctl, votes, 0.01)
+    assert outputs[3].beta == pytest.approx(0.08)
+    assert outputs[5].beta == pytest.approx(0.08)  # first relaxing step: 0.08 held the hack off
+    assert states[5].floor_beta == pytest.approx(0.08)
+    # ten healthy steps later the floor is halfway back to the user's beta: 0.01 + 0.07 / 2
+    assert states[15].floor_beta == pytest.approx(0.01 + 0.07 / 2)
+    assert outputs[15].beta == pytest.approx(0.01 + 0.07 / 2)
+    assert "remembered beta" in outputs[15].reason
+    classic, _ = run(BangBang(gain=2.0, release_patience=2, memory_half_life=0), votes, 0.01)
+    assert classic[8].beta == pytest.approx(0.01)  # without memory: back at the user's beta by the gain
+
+
+def test_memory_ends_the_limit_cycle_of_a_flaw_that_keeps_paying():
+    """A plant whose hack returns whenever beta < 0.1: memory stays above it, no memory cycles."""
+
+    def cycles(ctl):
+        state, trips, beta = ctl.init(0.01), 0, 0.01
+        for _ in range(300):
+            vote = 0.9 if beta < 0.1 else 0.0
+            out, new = ctl.update(state, ControlInput(vote=vote))
+            trips += int(new.tripped and new.steps_above == 1 and not state.steps_above)
+            state, beta = new, out.beta
+        return trips
+
+    assert cycles(BangBang(memory_half_life=0)) > 10
+    assert cycles(BangBang(memory_half_life=200)) <= 3
+
+
+def test_first_raise_is_sized_from_the_measured_kl_and_the_advantage_scale():
+    ctl = BangBang(dwell_steps=1)
+    out, state = ctl.update(ctl.init(0.001), ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0))
+    assert out.beta == pytest.approx(0.5 * 1.0 / math.sqrt(2 * 2.0))
+    assert "sized so that the KL pull" in out.reason
+    assert "2 nats/token" in out.reason
+    out, _ = ctl.update(state, ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0))
+    assert out.beta == pytest.approx(0.25 * 1.5)  # later raises are gain steps
+    # a tiny KL sizes to the ceiling; no KL or no scale: one gain step, as before
+    assert ctl.update(ctl.init(0.001), ControlInput(vote=0.9, kl=0.0, advantage_scale=1.0))[0].beta == 1.0
+    assert ctl.update(ctl.init(0.001), ControlInput(vote=0.9, kl=2.0))[0].beta == pytest.approx(0.0015)
+    off = BangBang(dwell_steps=1, size_fraction=0)
+    assert off.update(off.init(0.001), ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0))[0].beta == pytest.approx(
+        0.0015
+    )
