@@ -5,8 +5,8 @@ Three building blocks a Guard composes:
 * :func:`relative_drop` and :func:`classify_drop` keep the relative-drop convention of loopguard's
   predecessor (soup-cli): ``drop = max(0, (baseline - value) / |baseline|)`` with OK / WARN / HACK bands at
   0.10 and 0.30.
-* :func:`robust_baseline` summarises a warm-up window (median and median absolute deviation, the latter
-  from :func:`scipy.stats.median_abs_deviation`, bit-for-bit the plain formula) into a
+* :func:`robust_baseline` summarises a warm-up window (median and median absolute deviation, the plain
+  formula: bit-for-bit :func:`scipy.stats.median_abs_deviation` around the median) into a
   :class:`RobustBaseline`. The predecessor compared against ONE batch (the first step), which is noise: on
   healthy i.i.d. Gaussian rewards it classed 17.5 % of steps HACK at 8 rewards per step. Take the baseline
   over many steps instead, and smooth the current value too (one batch mean is still noisy).
@@ -383,11 +383,11 @@ def robust_baseline(values: ArrayLike, *, min_count: int = 3) -> RobustBaseline:
             f"got {array.size}."
         )
         raise InputError(msg)
-    from scipy.stats import median_abs_deviation
-
     median = float(robust_median(array))  # np.median's middle-pair mean overflows for values near 1e308
     with np.errstate(over="ignore", invalid="ignore"):
-        mad = float(median_abs_deviation(array, center=lambda values, axis: np.float64(median)))
+        # scipy.stats.median_abs_deviation(array, center=<median>) computes exactly this, at 10x the cost of
+        # its argument handling (and a 1-second first import) on a warm-up window of a few values
+        mad = float(np.median(np.abs(array - median)))
         if not math.isfinite(mad):  # a deviation or the middle-pair mean overflowed: halved ones cannot
             mad = float(robust_median(np.abs(array / 2.0 - median / 2.0))) * 2.0
     if not (math.isfinite(median) and math.isfinite(mad)):
@@ -420,6 +420,23 @@ def _robust_scale(sample: NDArray[np.float64]) -> tuple[float, int]:
     if scale > 0.0:
         return scale, exponent
     return float(np.std(scaled)), exponent
+
+
+def _wasserstein(u: NDArray[np.float64], v: NDArray[np.float64]) -> float:
+    """1-D Wasserstein-1 distance of two non-empty samples: the integral of ``|F_u - F_v|``.
+
+    The same operations, in the same order, as :func:`scipy.stats.wasserstein_distance` without weights
+    (scipy >= 1.15: the same bits), without its argument handling and its first import (about a second).
+    """
+    values = np.concatenate((u, v))
+    values.sort(kind="mergesort")
+    deltas = np.diff(values)
+    u_cdf = np.sort(u).searchsorted(values[:-1], "right") / u.size
+    v_cdf = np.sort(v).searchsorted(values[:-1], "right") / v.size
+    gaps = np.abs(u_cdf - v_cdf)
+    if hasattr(np, "vecdot"):  # numpy >= 2, as scipy does
+        return float(np.vecdot(gaps, deltas))
+    return float(np.sum(gaps * deltas))  # pragma: no cover - numpy 1.x
 
 
 def reward_drift(
@@ -494,16 +511,16 @@ def reward_drift(
         raise ConfigError(msg)
     now = as_float_array("current", current, max_len=MAX_TRAJECTORIES)
     ref = as_float_array("reference", reference, max_len=MAX_TRAJECTORIES)
-    from scipy import stats  # imported where used: `import loopguard` stays light
-
     if chosen == "ks":
+        from scipy import stats  # imported where used: `import loopguard` stays light
+
         # only the statistic is used; the p-value's internals may divide by zero on tiny samples
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return float(stats.ks_2samp(now, ref, method="asymp").statistic)
     # W1 scales with the data: compute it on both samples divided by one power of two (exact), so the gaps
     # between sorted values cannot overflow, and scale back.
     exponent = pow2_exponent(max(float(np.max(np.abs(now))), float(np.max(np.abs(ref)))))
-    scaled = float(stats.wasserstein_distance(np.ldexp(now, -exponent), np.ldexp(ref, -exponent)))
+    scaled = _wasserstein(np.ldexp(now, -exponent), np.ldexp(ref, -exponent))
     if not standardize:
         with np.errstate(over="ignore"):
             distance = float(np.ldexp(scaled, exponent))

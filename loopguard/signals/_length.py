@@ -74,6 +74,25 @@ def _pearson(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
     return min(1.0, max(-1.0, r))
 
 
+def _average_ranks(values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """1-based ranks, ties given their average rank: :func:`scipy.stats.rankdata`'s default, same values.
+
+    Example:
+        >>> _average_ranks(np.array([3.0, 1.0, 3.0, 2.0]))
+        array([3.5, 1. , 3.5, 2. ])
+    """
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    new = np.empty(len(values), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    tie = np.cumsum(new)  # the 1-based tie group of each sorted position
+    bounds = np.r_[np.flatnonzero(new), len(values)]  # where each tie group starts, then the end
+    ranks = np.empty(len(values), dtype=np.float64)
+    ranks[order] = 0.5 * (bounds[tie] + bounds[tie - 1] + 1)
+    return ranks
+
+
 def reward_length_correlation(
     rewards: object, lengths: object, *, method: CorrelationMethod = "pearson"
 ) -> float:
@@ -134,10 +153,7 @@ def reward_length_correlation(
     x = length_array.astype(np.float64)
     y = reward_array
     if chosen == "spearman":
-        from scipy.stats import rankdata  # imported where used: `import loopguard` stays light
-
-        x = np.asarray(rankdata(x), dtype=np.float64)
-        y = np.asarray(rankdata(y), dtype=np.float64)
+        x, y = _average_ranks(x), _average_ranks(y)
     return _pearson(x, y)
 
 

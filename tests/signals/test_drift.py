@@ -283,12 +283,33 @@ def _mad_arrays():
 
 
 def test_robust_baseline_mad_is_bit_identical_to_the_numpy_formula():
-    # robust_baseline takes its MAD from scipy.stats.median_abs_deviation: the same bits as the plain formula
     for values in _mad_arrays():
         base = robust_baseline(values, min_count=1)
         assert base.median == float(np.median(values))
         expected = float(np.median(np.abs(values - np.median(values))))
         assert np.float64(base.mad).tobytes() == np.float64(expected).tobytes(), values
+
+
+def test_robust_baseline_and_wasserstein_have_the_bits_of_scipy():
+    # both are computed without scipy (its first import costs about a second inside a training step)
+    from scipy import stats
+
+    from loopguard.signals._numeric import pow2_exponent
+
+    for values in _mad_arrays():
+        base = robust_baseline(values, min_count=1)
+        centre = np.float64(base.median)
+        expected = float(stats.median_abs_deviation(values, center=lambda _values, axis, c=centre: c))
+        assert np.float64(base.mad).tobytes() == np.float64(expected).tobytes(), values
+    rng = np.random.default_rng(7)
+    for size, other in itertools.product((1, 2, 7, 16, 33), (1, 5, 16, 64)):
+        for a, b in (
+            (rng.normal(size=size), rng.normal(0.5, 2.0, size=other)),
+            (rng.integers(0, 3, size=size) / 2.0, rng.integers(0, 3, size=other) / 2.0),  # ties
+        ):
+            exponent = pow2_exponent(max(float(np.max(np.abs(a))), float(np.max(np.abs(b)))))
+            scaled = stats.wasserstein_distance(np.ldexp(a, -exponent), np.ldexp(b, -exponent))
+            assert reward_drift(a, b) == float(np.ldexp(scaled, exponent)), (a, b)
 
 
 def test_robust_baseline_mad_where_the_plain_formula_overflows():
