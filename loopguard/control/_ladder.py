@@ -1,10 +1,11 @@
-"""The escalation ladder: raise beta, then roll back to the last good checkpoint, then stop.
+"""The escalation ladder: raise beta, then take the pay out of the exploit and roll back, then stop.
 
 Raising the KL coefficient is the first and cheapest response to reward hacking; when it has not helped
-after a while, the ladder asks for a rollback to the last good checkpoint (a bounded number of times, with a
-cooldown so the restored policy gets a fair chance), and when rollbacks are used up or impossible and the hack
-persists, it asks to stop the run. It takes one bool per step ("is this step hacking?"), so it works with
-every controller.
+after a while, the ladder switches on a *targeted penalty* (when the tripping signal names a feature the
+reward pays for: :mod:`loopguard.targeted`) and asks for a rollback to the last good checkpoint (a bounded
+number of times, with a cooldown so the restored policy gets a fair chance; the KL reference is re-anchored
+on the restored policy), and only when all of that is used up and the hack persists does it ask to stop the
+run. It takes one bool per step ("is this step hacking?"), so it works with every controller.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Literal, NamedTuple
 
 import attrs
 
-from loopguard._validation import check_bool, integer
+from loopguard._validation import boolean, check_bool, integer
 from loopguard.control._common import check_state, steps_text
 from loopguard.control._state import JSONState, StateField
 from loopguard.exceptions import ConfigError
@@ -38,6 +39,8 @@ class LadderOutput:
             after it; the Guard then passes ``allow_lower=False`` to the KL controller.
         components: The counters behind the decision (all ``float``), for logging.
         reason: A plain-English sentence with the numbers.
+        shape: True on the step the ladder switches the targeted penalty on (with a rollback when one is
+            available, else with a raise of beta).
     """
 
     action: LadderAction
@@ -45,6 +48,7 @@ class LadderOutput:
     in_cooldown: bool
     components: dict[str, float]
     reason: str
+    shape: bool = False
 
 
 @attrs.frozen
@@ -60,6 +64,7 @@ class LadderState(JSONState):
         cooldown_left: Steps of cooldown still to come after the current one (0 when none).
         last_rollback_step: The step number (1-based) of the last rollback, or None.
         stop_step: The step at which the ladder said stop, or None; once set, every update says stop.
+        shaped_step: The step at which the targeted penalty was switched on, or None.
     """
 
     step: int = attrs.field(validator=StateField("int", lo=0))
@@ -70,6 +75,7 @@ class LadderState(JSONState):
     cooldown_left: int = attrs.field(validator=StateField("int", lo=0))
     last_rollback_step: int | None = attrs.field(validator=StateField("int", lo=1, optional=True))
     stop_step: int | None = attrs.field(validator=StateField("int", lo=1, optional=True))
+    shaped_step: int | None = attrs.field(default=None, validator=StateField("int", lo=1, optional=True))
 
     def __attrs_post_init__(self) -> None:
         """Check counter invariants that every reachable state satisfies."""
@@ -85,7 +91,11 @@ class LadderState(JSONState):
                 f"[{self.consecutive_hacking}, {self.step}], got {self.total_hacking_steps}."
             )
             raise ConfigError(msg)
-        for name, value in (("last_rollback_step", self.last_rollback_step), ("stop_step", self.stop_step)):
+        for name, value in (
+            ("last_rollback_step", self.last_rollback_step),
+            ("stop_step", self.stop_step),
+            ("shaped_step", self.shaped_step),
+        ):
             if value is not None and value > self.step:
                 msg = f"`{name}` must be <= step ({self.step}), got {value}."
                 raise ConfigError(msg)
@@ -113,12 +123,17 @@ class EscalationLadder:
     * healthy step: action ``"none"``;
     * hacking step: ``"raise_beta"`` (the KL controller does the raising), unless
 
+      * the **targeted rung** (``targeted=True``, the first time :math:`c_t \ge` ``rollback_patience``
+        outside a cooldown, or when the ladder would otherwise stop, if ``can_shape`` is True: the Guard
+        found a feature the reward pays for): ``shape`` is True, the streak resets, and the step is a
+        ``"rollback"`` when one is available (below), else ``"raise_beta"``;
       * ``"rollback"`` when :math:`c_t \ge` ``rollback_patience``, fewer than ``max_rollbacks`` rollbacks were
         made, ``can_rollback`` is True and the ladder is not in a cooldown. A rollback resets :math:`c_t` to 0
         and starts a cooldown of ``cooldown_steps`` steps, during which there is no other rollback and
         ``in_cooldown`` is True (the Guard must not lower beta);
-      * ``"stop"`` when no rollback is available (``max_rollbacks`` used, or ``can_rollback`` False) and
-        :math:`c_t \ge` ``stop_patience``. Stop is terminal: every later update returns ``"stop"``.
+      * ``"stop"`` when no rollback is available (``max_rollbacks`` used, or ``can_rollback`` False),
+        the targeted rung is used or unavailable, and :math:`c_t \ge` ``stop_patience``. Stop is
+        terminal: every later update returns ``"stop"``.
 
     So with ``can_rollback`` True the ladder never stops before all ``max_rollbacks`` rollbacks were tried,
     and a stop needs ``stop_patience`` consecutive hacking steps after the last rollback. A stop may come
@@ -135,6 +150,12 @@ class EscalationLadder:
         cooldown_steps: Steps after a rollback with no further rollback and no lowering of beta, >= 0.
             Default 20 (twice the rollback patience: the restored policy gets time to settle under the raised
             beta before it can be judged again).
+        targeted: Allow the targeted rung (the Guard switches on a penalty on the feature the reward pays
+            for, :mod:`loopguard.targeted`; the adapters subtract it from the trained reward). Default True.
+        reanchor: On a rollback, make the restored policy the KL reference (the adapters copy it into
+            TRL's ``ref_model``, or the reference model given to a raw loop), so a raised beta holds the
+            policy near a good policy rather than near the initial one (Elastic Reset, Noukhovitch et al.
+            2023; ProRL's reference resets, Liu et al. 2025; TRL's ``sync_ref_model``). Default True.
 
     Raises:
         LoopguardTypeError: a bool or non-integer where an integer is expected.
@@ -163,6 +184,8 @@ class EscalationLadder:
     stop_patience: int = attrs.field(default=10, validator=integer(lo=1))
     max_rollbacks: int = attrs.field(default=2, validator=integer(lo=0))
     cooldown_steps: int = attrs.field(default=20, validator=integer(lo=0))
+    targeted: bool = attrs.field(default=True, validator=boolean())
+    reanchor: bool = attrs.field(default=True, validator=boolean())
 
     def init(self) -> LadderState:
         """Start on the bottom rung with every counter at 0."""
@@ -222,7 +245,7 @@ class EscalationLadder:
             raise ConfigError(msg)
 
     def update(
-        self, state: LadderState, *, hacking: bool, can_rollback: bool = True
+        self, state: LadderState, *, hacking: bool, can_rollback: bool = True, can_shape: bool = False
     ) -> tuple[LadderOutput, LadderState]:
         """Advance one step.
 
@@ -230,6 +253,8 @@ class EscalationLadder:
             state: The state from :meth:`init` or the previous :meth:`update`.
             hacking: Whether this step is judged hacking (e.g. the Guard's verdict is HACK).
             can_rollback: Whether a good checkpoint exists to roll back to now.
+            can_shape: Whether a targeted penalty can be switched on now (the Guard found a feature the
+                reward pays for); used only with ``targeted=True``, once per run.
 
         Returns:
             ``(output, new_state)``. ``output.components``: ``hacking``, ``can_rollback`` (1.0/0.0), the new
@@ -244,6 +269,7 @@ class EscalationLadder:
         self.validate(state)
         hacking = check_bool("hacking", hacking)
         can_rollback = check_bool("can_rollback", can_rollback)
+        can_shape = check_bool("can_shape", can_shape) and self.targeted and state.shaped_step is None
         if state.stop_step is not None:
             reason = (
                 f"training was stopped at step {state.stop_step}; the ladder is terminal "
@@ -251,11 +277,12 @@ class EscalationLadder:
             )
             move = _Move("stop", RUNG_STOP, False, reason, attrs.evolve(state, step=state.step + 1))
         elif hacking:
-            move = self._hacking(state, can_rollback)
+            move = self._hacking(state, can_rollback, can_shape)
         else:
             move = self._healthy(state)
         components = self._components(move.state, hacking, can_rollback)
-        return LadderOutput(move.action, move.rung, move.in_cooldown, components, move.reason), move.state
+        out = LadderOutput(move.action, move.rung, move.in_cooldown, components, move.reason, move.shape)
+        return out, move.state
 
     def _cooling(self, cooldown_left: int) -> str:
         return f"cooldown after rollback: {steps_text(cooldown_left)} left, beta is not lowered"
@@ -275,7 +302,7 @@ class EscalationLadder:
             reason += f"; {self._cooling(new_state.cooldown_left)}"
         return _Move("none", RUNG_ROLLBACK if in_cooldown else RUNG_NONE, in_cooldown, reason, new_state)
 
-    def _hacking(self, state: LadderState, can_rollback: bool) -> _Move:
+    def _hacking(self, state: LadderState, can_rollback: bool, can_shape: bool) -> _Move:
         """A hacking step: roll back, stop, or (most often) let the KL controller raise beta."""
         in_cooldown = state.cooldown_left > 0
         rollback_open = state.total_rollbacks < self.max_rollbacks and can_rollback
@@ -288,7 +315,10 @@ class EscalationLadder:
             cooldown_left=max(0, state.cooldown_left - 1),
         )
         streak = new_state.consecutive_hacking
-        if streak >= self.rollback_patience and rollback_open and not in_cooldown:
+        due = streak >= self.rollback_patience and not in_cooldown
+        if can_shape and (due or (not rollback_open and streak >= self.stop_patience)):
+            return self._shape(new_state, rollback_open)
+        if due and rollback_open:
             return self._rollback(new_state)
         if not rollback_open and streak >= self.stop_patience:
             return self._stop(new_state)
@@ -324,6 +354,18 @@ class EscalationLadder:
         )
         return _Move("rollback", RUNG_ROLLBACK, self.cooldown_steps > 0, reason, new_state)
 
+    def _shape(self, state: LadderState, rollback_open: bool) -> _Move:
+        """Switch the targeted penalty on (with a rollback when one is available); the streak resets."""
+        what = (
+            f"hacking persisted for {steps_text(state.consecutive_hacking)} in a row while beta was raised: "
+            "take the pay out of the exploit (targeted penalty on the trained reward)"
+        )
+        shaped = attrs.evolve(state, shaped_step=state.step, consecutive_hacking=0)
+        if rollback_open:
+            move = self._rollback(shaped)
+            return move._replace(reason=f"{what}, and {move.reason}", shape=True)
+        return _Move("raise_beta", RUNG_RAISE, False, f"{what}; no rollback available", shaped, True)
+
     def _stop(self, state: LadderState) -> _Move:
         """Ask to stop the run (terminal), saying what to try next."""
         reason = (
@@ -346,3 +388,4 @@ class _Move(NamedTuple):
     in_cooldown: bool
     reason: str
     state: LadderState
+    shape: bool = False

@@ -329,5 +329,64 @@ def test_to_dict_is_plain_json():
         "cooldown_left": 20,
         "last_rollback_step": 1,
         "stop_step": None,
+        "shaped_step": None,
     }
     assert not states[-1].stopped
+
+
+def test_a_state_saved_before_the_targeted_rung_loads():
+    payload = EscalationLadder().init().to_dict()
+    del payload["shaped_step"]
+    assert LadderState.from_dict(payload).shaped_step is None
+
+
+# ------------------------------------------------------------------------------------------ targeted rung
+
+
+def _walk(ladder, steps, *, can_rollback=True, can_shape=True):
+    state, outs = ladder.init(), []
+    for hacking in steps:
+        out, state = ladder.update(state, hacking=hacking, can_rollback=can_rollback, can_shape=can_shape)
+        outs.append(out)
+    return outs, state
+
+
+def test_targeted_rung_comes_with_the_first_rollback_and_only_once():
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=0)
+    outs, state = _walk(ladder, [True] * 9)
+    assert [(o.action, o.shape) for o in outs] == [
+        ("raise_beta", False),
+        ("raise_beta", False),
+        ("rollback", True),  # the penalty and the rollback together; the streak resets
+        ("raise_beta", False),
+        ("raise_beta", False),
+        ("stop", False),  # the rung is used once: then the ladder stops as before
+        ("stop", False),
+        ("stop", False),
+        ("stop", False),
+    ]
+    assert state.shaped_step == 3
+    assert "targeted penalty" in outs[2].reason
+    assert "roll back" in outs[2].reason
+
+
+def test_targeted_rung_comes_before_a_stop_when_no_rollback_is_possible():
+    ladder = EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1)
+    outs, _ = _walk(ladder, [True] * 5, can_rollback=False)
+    assert [(o.action, o.shape) for o in outs] == [
+        ("raise_beta", False),
+        ("raise_beta", True),  # instead of the stop: nothing else was tried
+        ("raise_beta", False),
+        ("stop", False),
+        ("stop", False),
+    ]
+    assert "no rollback available" in outs[1].reason
+
+
+@pytest.mark.parametrize(("targeted", "can_shape"), [(False, True), (True, False)])
+def test_no_targeted_rung_when_off_or_nothing_to_target(targeted, can_shape):
+    ladder = EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=0, targeted=targeted)
+    outs, state = _walk(ladder, [True] * 2, can_shape=can_shape)
+    assert [o.action for o in outs] == ["raise_beta", "stop"]
+    assert not any(o.shape for o in outs)
+    assert state.shaped_step is None

@@ -1,0 +1,254 @@
+r"""The escalation ladder's targeted rung: a penalty on exactly what the flawed reward pays for.
+
+Raising beta pulls the whole policy toward the reference; rolling back restores a good policy, and then the
+same reward pays for the same exploit again. When the signal that trips the Guard names a *feature* of the
+completions (a token or phrase that took over the batch, answers that grew, repetition), the ladder can
+instead take the pay out of that feature: the trained reward becomes
+
+.. math::
+
+    \tilde r_i = r_i - \sum_k c_k\, x_{ik}, \qquad c_k = m \cdot \max\big(0,\ \hat\beta_k\big)
+
+where :math:`x_{ik}` is feature :math:`k` of completion :math:`i` (occurrences of a token, tokens past the
+reference length, the n-gram repetition rate) and :math:`\hat\beta_k` the *premium* the proxy pays per unit
+of it, measured on the raw rewards of the batch that tripped the ladder: the least-squares slope of reward
+on feature within each group of completions of one prompt (the comparison GRPO's advantages make), pooled
+over the groups. With the margin :math:`m` (default 2) the feature costs more than it earns, so the exploit
+stops paying whatever its size, while a feature the reward does not pay for (slope <= 0) is not touched.
+While the penalty is on, each batch re-measures the premium on the *raw* rewards and a rate only grows, so a
+policy that half-drops the exploit cannot make the penalty weaker. Every penalty is bounded: a feature is
+bounded by the completion length, and its rate by the measured premium.
+
+This is reward shaping that the Guard sizes and switches on itself; :func:`loopguard.shape_reward` is the
+hand-configured version. In both, the Guard keeps reading the raw reward: the adapters subtract the penalty
+only from what the trainer trains on.
+
+Example:
+    >>> penalty = TargetedPenalty((Target(kind="tokens", token=7, rate=0.5, source="takeover"),))
+    >>> penalty([[7, 7, 1], [1, 2], [7]]).tolist()
+    [1.0, 0.0, 0.5]
+    >>> print(penalty.describe())
+    token 7 costs 0.5 per occurrence (from takeover)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from loopguard._saved_state import Fields, as_state_error, open_state
+from loopguard._validation import describe, integer, real
+from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
+from loopguard.signals import TokenBatch, as_token_batch, ngram_repetition_rate
+
+__all__ = ["MARGIN", "MAX_TARGETS", "Target", "TargetKind", "TargetedPenalty", "premium"]
+
+TargetKind = Literal["tokens", "length", "repetition"]
+"""What a target measures: occurrences of one token, tokens past a length, or the n-gram repetition rate."""
+
+MARGIN = 2.0
+"""How many times the measured premium a feature costs once penalised."""
+
+MAX_TARGETS = 16
+"""At most this many features are penalised at once."""
+
+_KINDS = ("tokens", "length", "repetition")
+_STATE_KIND = "loopguard.TargetedPenalty"
+_STATE_VERSION = 1
+
+
+@attrs.frozen
+class Target:
+    """One penalised feature.
+
+    Attributes:
+        kind: ``"tokens"`` (occurrences of ``token``), ``"length"`` (tokens past ``threshold``) or
+            ``"repetition"`` (the ``n``-gram repetition rate of
+            :func:`loopguard.signals.ngram_repetition_rate`).
+        rate: Penalty per unit of the feature, >= 0.
+        source: The signal that asked for it (``"takeover"``, ``"length"``, ``"repetition"``, ...).
+        token: The token id, for ``"tokens"``.
+        threshold: The length past which each token costs ``rate``, for ``"length"``.
+        n: The n-gram size, for ``"repetition"``.
+    """
+
+    kind: TargetKind = attrs.field(validator=attrs.validators.in_(_KINDS))
+    rate: float = attrs.field(validator=real(lo=0.0))
+    source: str = attrs.field(validator=attrs.validators.instance_of(str))
+    token: int | None = attrs.field(default=None, validator=attrs.validators.optional(integer(lo=0)))
+    threshold: float | None = attrs.field(default=None, validator=attrs.validators.optional(real(lo=0.0)))
+    n: int | None = attrs.field(default=None, validator=attrs.validators.optional(integer(lo=1, hi=16)))
+
+    def __attrs_post_init__(self) -> None:
+        """Each kind has exactly its own parameter."""
+        needed = {"tokens": "token", "length": "threshold", "repetition": "n"}[self.kind]
+        for name in ("token", "threshold", "n"):
+            if (getattr(self, name) is None) == (name == needed):
+                rule = "must be set" if name == needed else "must be None"
+                msg = f"`Target.{name}` {rule} for kind {self.kind!r}, got {describe(getattr(self, name))}."
+                raise ConfigError(msg)
+
+    @property
+    def key(self) -> tuple[str, float]:
+        """What makes two targets the same feature (their rates aside)."""
+        value = self.token if self.kind == "tokens" else self.threshold if self.kind == "length" else self.n
+        return self.kind, float(value if value is not None else 0)
+
+    def feature(self, batch: TokenBatch) -> NDArray[np.float64]:
+        """This feature of every completion of ``batch``."""
+        lengths = np.diff(batch.offsets).astype(np.float64)
+        if self.kind == "tokens":
+            rows = np.repeat(np.arange(len(lengths)), np.diff(batch.offsets))
+            hits = batch.tokens == self.token
+            return np.bincount(rows[hits], minlength=len(lengths)).astype(np.float64)
+        if self.kind == "length":
+            return np.maximum(lengths - float(self.threshold or 0.0), 0.0)
+        rates = ngram_repetition_rate(batch, int(self.n or 1), reduce="none")
+        return np.asarray(rates, dtype=np.float64)
+
+    def describe(self) -> str:
+        """One plain-English phrase."""
+        if self.kind == "tokens":
+            what = f"token {self.token} costs {self.rate:.3g} per occurrence"
+        elif self.kind == "length":
+            what = f"each token past {self.threshold:.3g} costs {self.rate:.3g}"
+        else:
+            what = f"the {self.n}-gram repetition rate costs {self.rate:.3g} per unit"
+        return f"{what} (from {self.source})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return attrs.asdict(self)
+
+
+def _as_targets(value: Sequence[Target]) -> tuple[Target, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class TargetedPenalty:
+    """The penalties the ladder switched on: call it on completions' token ids to get each one's penalty.
+
+    Attributes:
+        targets: The penalised features (at most :data:`MAX_TARGETS`).
+    """
+
+    targets: tuple[Target, ...] = attrs.field(converter=_as_targets)
+
+    def __attrs_post_init__(self) -> None:
+        """Check the targets."""
+        if len(self.targets) > MAX_TARGETS:
+            msg = f"`targets` must hold at most {MAX_TARGETS} targets, got {len(self.targets)}."
+            raise ConfigError(msg)
+        for index, target in enumerate(self.targets):
+            if not isinstance(target, Target):
+                msg = f"`targets[{index}]` must be a Target, got {describe(target)}."
+                raise LoopguardTypeError(msg)
+
+    def __call__(self, completion_ids: object) -> NDArray[np.float64]:
+        """The penalty of each completion (>= 0): ``sum_k rate_k * feature_k``.
+
+        Args:
+            completion_ids: The completions' token ids (a list of id sequences, or a
+                :class:`~loopguard.signals.TokenBatch`).
+
+        Raises:
+            LoopguardTypeError, InputError: ids that are not a batch of non-negative integer sequences.
+        """
+        batch = (
+            completion_ids
+            if isinstance(completion_ids, TokenBatch)
+            else as_token_batch("completion_ids", completion_ids)
+        )
+        total = np.zeros(batch.n_rows, dtype=np.float64)
+        for target in self.targets:
+            if target.rate > 0:
+                total += target.rate * target.feature(batch)
+        return total
+
+    def merged(self, new: Sequence[Target]) -> TargetedPenalty:
+        """These targets plus ``new`` ones; a feature already here keeps the larger rate (never lowered)."""
+        by_key = {target.key: target for target in self.targets}
+        for target in new:
+            old = by_key.get(target.key)
+            if old is None:
+                if len(by_key) < MAX_TARGETS:
+                    by_key[target.key] = target
+            elif target.rate > old.rate:
+                by_key[target.key] = attrs.evolve(old, rate=target.rate)
+        return TargetedPenalty(tuple(by_key.values()))
+
+    def describe(self) -> str:
+        """The targets in plain English, ``; `` separated."""
+        return "; ".join(target.describe() for target in self.targets)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (for the Guard's state and the mitigation log)."""
+        return {
+            "kind": _STATE_KIND,
+            "version": _STATE_VERSION,
+            "targets": [target.to_dict() for target in self.targets],
+        }
+
+    @classmethod
+    def from_dict(cls, payload: object, path: str = "state") -> TargetedPenalty:
+        """Rebuild from :meth:`to_dict`, checking every field.
+
+        Raises:
+            StateError: a malformed payload (the message names the field).
+        """
+        fields = open_state(
+            payload, kind=_STATE_KIND, version=_STATE_VERSION, keys=("kind", "version", "targets"),
+            owner="TargetedPenalty", path=path,
+        )  # fmt: skip
+        items = fields.items("targets", max_length=MAX_TARGETS)
+        return cls(
+            tuple(_target_from(fields.name("targets"), index, item) for index, item in enumerate(items))
+        )
+
+
+def _target_from(where: str, index: int, item: object) -> Target:
+    target = Fields(item, f"{where}[{index}]", keys=("kind", "rate", "source", "token", "threshold", "n"))
+    kind = target.text("kind")
+    if kind not in _KINDS:
+        msg = f"`{target.name('kind')}` must be one of {', '.join(_KINDS)}, got {describe(kind)}."
+        raise StateError(msg)
+    with as_state_error():
+        return Target(
+            kind=kind,
+            rate=target.real("rate", lo=0.0),
+            source=target.text("source"),
+            token=target.integer("token", lo=0, optional=True),
+            threshold=target.real("threshold", lo=0.0, optional=True),
+            n=target.integer("n", lo=1, hi=16, optional=True),
+        )
+
+
+def premium(
+    rewards: Sequence[float] | NDArray[np.float64], feature: ArrayLike, group_size: int | None
+) -> float | None:
+    r"""The proxy's pay per unit of ``feature``: the least-squares slope within prompt groups, pooled.
+
+    Rewards and feature are centred on their group means (``group_size`` consecutive completions share a
+    prompt; None: the batch is one group) and the slope is :math:`\sum \tilde x \tilde r / \sum \tilde
+    x^2`. None when the feature does not vary within any group (nothing to measure).
+
+    Example:
+        >>> premium([1.0, 0.0, 2.0, 1.0], np.array([1.0, 0.0, 1.0, 0.0]), 2)
+        1.0
+    """
+    r = np.asarray(rewards, dtype=np.float64)
+    x = np.asarray(feature, dtype=np.float64)
+    size = group_size if group_size and len(r) % group_size == 0 else len(r)
+    r = r.reshape(-1, size)
+    x = x.reshape(-1, size)
+    xc = x - x.mean(axis=1, keepdims=True)
+    rc = r - r.mean(axis=1, keepdims=True)
+    spread = float((xc * xc).sum())
+    if spread <= 1e-12:
+        return None
+    return float((xc * rc).sum() / spread)
