@@ -27,6 +27,7 @@ from loopguard.log import (
     VERDICTS,
     MitigationLog,
     MitigationRecord,
+    _may_hold_secret,
     _redact_tree,
     read_mitigation_log,
     redact_secrets,
@@ -797,6 +798,15 @@ def test_secret_hint_matches_whatever_the_secret_pattern_matches(text):
     if redact_secrets(text) != text:
         assert _SECRET_HINT.search(json.dumps(text, ensure_ascii=True))
         assert _SECRET_HINT.search(json.dumps({text: [text]}, ensure_ascii=True))
+
+
+@settings(max_examples=2000, deadline=None)
+@given(_SECRET_TEXT)
+@example("GHU_x BEARER :// Key")
+def test_the_writers_secret_check_answers_like_the_hint(text):
+    # the writer tests the JSON text (ASCII) with _may_hold_secret, a substring test per fragment
+    for ascii_text in (json.dumps(text, ensure_ascii=True), json.dumps({text: [text]}, ensure_ascii=True)):
+        assert _may_hold_secret(ascii_text) == bool(_SECRET_HINT.search(ascii_text)), ascii_text
 
 
 @settings(max_examples=2000, deadline=None)
