@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -48,6 +49,15 @@ __all__ = [
 
 
 # -------------------------------------------------------------------------------------------- smoothing
+
+
+def _plain(value: object) -> bool:
+    """A finite Python float other than -0.0: its median is :func:`~loopguard.signals.rolling_median`'s bits.
+
+    (The order of -0.0 and 0.0 among equal values is numpy's to choose; any other value is left to
+    :func:`~loopguard.signals.rolling_median` too, which validates it.)
+    """
+    return type(value) is float and math.isfinite(value) and (value != 0.0 or math.copysign(1.0, value) > 0)
 
 
 @attrs.frozen
@@ -91,7 +101,12 @@ class Median(Smoother):
     def smooth(self, recent: Sequence[float], score: float, *, previous: float) -> tuple[list[float], float]:
         """Append ``score`` to the window and take its median."""
         kept = [*recent, score][-self.window :]
-        return kept, float(rolling_median(kept, window=self.window)[-1])
+        if all(_plain(value) for value in kept):  # the same arithmetic, without the array round trip
+            ordered = sorted(kept)
+            low, high = ordered[(len(ordered) - 1) // 2], ordered[len(ordered) // 2]
+            middle = (low + high) / 2.0
+            return kept, middle if math.isfinite(middle) else 0.5 * low + 0.5 * high
+        return kept, float(rolling_median(kept, window=self.window)[-1])  # raises for a bad value
 
 
 @attrs.frozen
