@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import cast
 
 import attrs
 import numpy as np
@@ -97,7 +98,32 @@ def _from_strings(sequences: Sequence[str]) -> TokenBatch:
     return TokenBatch(tokens=np.asarray(flat, dtype=np.int64), offsets=offsets)
 
 
+def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
+    """Rows that are lists or tuples of Python ints, in one conversion; None for anything else.
+
+    What trainers hand out (TRL's ``completion_ids``, a tokenizer's ``input_ids``). Anything else (arrays,
+    tensors, numpy ints, floats, bools, ids beyond int64) takes the row-by-row path, whose errors name the
+    row.
+    """
+    if not all(type(row) is list or type(row) is tuple for row in sequences):
+        return None
+    rows = cast("Sequence[Sequence[object]]", sequences)
+    flat = list(itertools.chain.from_iterable(rows))
+    if not set(map(type, flat)) <= {int}:
+        return None
+    tokens = np.asarray(flat) if flat else np.zeros(0, np.int64)
+    if tokens.dtype != np.int64:  # an id beyond int64 (an object array): explained row by row
+        return None
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return TokenBatch(tokens=tokens, offsets=offsets)
+
+
 def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
+    fast = _from_int_rows(sequences)
+    if fast is not None:
+        return fast
     arrays = [to_numpy(f"{name}[{i}]", row) for i, row in enumerate(sequences)]
     for i, row in enumerate(arrays):
         if row.ndim != 1:
