@@ -552,6 +552,38 @@ class Takeover(_NgramDetector):
         excess = p - q - self.margin * spread
         return {"excess_share": float(np.clip(excess.max(), -1.0, 1.0))}
 
+    def top_ngram(self, data: StepData, memory: dict[str, Any]) -> tuple[int, ...] | None:
+        """The token ids of the batch's most over-represented n-gram (the one :meth:`measure` scores).
+
+        None when the batch has no token ids, or there is no reference sample yet.
+        """
+        tokens, ids = data.tokens, _stable_ids(data)
+        if tokens is None or ids is None or data.observation.completion_ids is None or not memory.get("rows"):
+            return None
+        counted = _document_counts(data, self.n)
+        if counted is None or len(counted[0]) == 0:
+            return None
+        keys, counts = counted
+        ref_keys = np.asarray(memory["keys"], dtype=np.uint64)
+        position = np.searchsorted(ref_keys, keys)
+        found = position < len(ref_keys)
+        found[found] = ref_keys[position[found]] == keys[found]
+        reference = np.full(len(keys), float(memory.get("floor", 0)), dtype=np.float64)
+        reference[found] = np.asarray(memory["counts"], dtype=np.float64)[position[found]]
+        rows, pooled = tokens.n_rows, float(memory["rows"])
+        p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
+        spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
+        best = keys[int(np.argmax(counts / rows - reference / pooled - self.margin * spread))]
+        lengths = tokens.lengths
+        starts = np.repeat(tokens.offsets[:-1], lengths)
+        position_in_row = np.arange(len(ids), dtype=np.int64) - starts
+        valid = np.flatnonzero(position_in_row <= np.repeat(lengths, lengths) - self.n)
+        key = _splitmix(ids[valid])
+        for shift in range(1, self.n):
+            key = _splitmix(key ^ ids[valid + shift])
+        hit = valid[np.flatnonzero(key == best)[0]]
+        return tuple(int(token) for token in tokens.tokens[hit : hit + self.n])
+
     def _pool(
         self, memory: dict[str, Any], keys: NDArray[np.uint64], counts: NDArray[np.int64], rows: int
     ) -> None:

@@ -70,21 +70,26 @@ from loopguard.detectors import (
     HACK_LEVEL,
     WARN_LEVEL,
     Detector,
+    Diversity,
+    Length,
     Repetition,
     StepData,
+    Takeover,
     as_detectors,
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
 from loopguard.signals import TokenBatch, as_token_batch, mann_kendall_z, robust_baseline, series_slope
+from loopguard.targeted import Target, TargetedPenalty, price
 
 __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
 
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
 OnError = Literal["warn", "raise"]
 
-STATE_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)  # 1 had no "episode" (the adapters kept the onset); 2 no reference sample
+STATE_VERSION = 4
+_READABLE_VERSIONS = (1, 2, 3, 4)  # 1 had no "episode" (the adapters kept the onset); 2 no reference
+# sample; 3 no targeted penalty and no ceiling count
 _PRESETS: dict[str, type[Any]] = {
     "kl_control": BangBang,
     "pid_lagrangian": PIDLagrangian,
@@ -106,7 +111,12 @@ _STATE_KEYS = (
     "stopped_reason",
     "episode",
     "reference_batches",
+    "penalty",
+    "candidates",
+    "ceiling_steps",
 )
+_KEYS_BY_VERSION = {1: 11, 2: 12, 3: 13, 4: 16}  # how many of _STATE_KEYS each version has
+_CEILING_WARN_EVERY = 10  # HACK with beta at its ceiling: warn on the first such step, then every 10
 _EPISODE_KEYS = ("onset", "suspect", "healthy")
 _MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory", "reference")
 _MAX_REFERENCE_BATCHES = 64  # reference batches kept per statistic (add_reference plus the first steps)
@@ -369,6 +379,10 @@ class Decision:
             for the other actions.
         healthy: Whether a checkpoint saved after this step is safe: the verdict is OK and the run is not
             stopped. A checkpoint becomes *good* only once :meth:`Guard.confirms` its step.
+        reanchor: On a ``"rollback"`` (with ``EscalationLadder(reanchor=True)``): make the restored policy
+            the KL reference too (the adapters do it).
+        penalty: The targeted penalty in force after this step (:meth:`TargetedPenalty.to_dict
+            <loopguard.targeted.TargetedPenalty.to_dict>`), or None; :attr:`Guard.penalty` holds it.
     """
 
     step: int
@@ -387,6 +401,8 @@ class Decision:
     onset: int | None = None
     restore_before: int | None = None
     healthy: bool = True
+    reanchor: bool = False
+    penalty: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the decision as plain JSON types (for logs and metrics)."""
@@ -413,6 +429,7 @@ class _Reading:
     in_reference: bool = False  # the step's batch completes the reference sample
     staged: dict[str, dict[str, float]] = attrs.field(factory=dict)  # warm-up values kept if the step is OK
     trends: list[str] = attrs.field(factory=list)  # warm-up trends toward a hack, in words
+    data: StepData | None = None  # the step's inputs, converted once (for the targeted rung)
 
 
 @attrs.define
@@ -445,6 +462,9 @@ class DecodedState:
     stopped_reason: str | None
     episode: _Episode
     reference_batches: int = 0
+    penalty: TargetedPenalty | None = None
+    candidates: TargetedPenalty | None = None
+    ceiling_steps: int = 0
 
 
 @attrs.define
@@ -511,6 +531,10 @@ class Guard:
         sigma_warn: Noise floor of the WARN band, in warm-up noise scales.
         sigma_hack: Noise floor of the HACK band, in warm-up noise scales.
         drift_guard: Keep the vote from falling while the reward distribution degenerates (drift signal).
+        advantage_scale: The typical size of the advantages the trainer's policy gradient multiplies, for
+            sizing the first raise of beta (:class:`~loopguard.control.BangBang`): ``1.0`` when the trainer
+            normalises advantages (GRPO's default ``scale_rewards``; the TRL adapter sets this itself),
+            ``None`` (default) to estimate it as the rewards' mean within-group standard deviation.
         on_error: What a failure inside a detector does: ``"warn"`` (default: the detector is skipped for
             that step, a ``RuntimeWarning`` names the step and the error every time, and the failure is
             carried on ``Decision.errors``) or ``"raise"`` (the exception propagates: fatal).
@@ -538,6 +562,7 @@ class Guard:
         sigma_warn: float = 3.0,
         sigma_hack: float = 5.0,
         drift_guard: bool = True,
+        advantage_scale: float | None = None,
         on_error: OnError = "warn",
     ) -> None:
         """Validate the configuration eagerly (see the class docstring)."""
@@ -560,6 +585,9 @@ class Guard:
             msg = f"`sigma_hack` must be >= sigma_warn ({self.sigma_warn}), got {self.sigma_hack}."
             raise ConfigError(msg)
         self.drift_guard = check_bool("drift_guard", drift_guard)
+        self.advantage_scale = None
+        if advantage_scale is not None:
+            self.advantage_scale = check_real("advantage_scale", advantage_scale, lo=0.0, lo_inclusive=False)
         anchored = [d.name for d in self.detectors if d.needs_reference]
         if anchored and not self.reference_steps:
             msg = (
@@ -604,6 +632,9 @@ class Guard:
         self._stopped_reason: str | None = None
         self._episode = _Episode()
         self._reference_batches = 0
+        self._penalty: TargetedPenalty | None = None
+        self._candidates: TargetedPenalty | None = None  # features priced during the current HACK episode
+        self._ceiling_steps = 0  # consecutive HACK steps with beta at the controller's ceiling
         self._anchor_cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict[str, list[float]]]] = {}
 
     def _fingerprint(self) -> dict[str, Any]:
@@ -623,7 +654,7 @@ class Guard:
         Example:
             >>> import json
             >>> json.loads(json.dumps(Guard(mode="log_only").state_dict()))["version"]
-            3
+            4
         """
         return {
             "version": STATE_VERSION,
@@ -639,6 +670,9 @@ class Guard:
             "stopped_reason": self._stopped_reason,
             "episode": self._episode.to_dict(),
             "reference_batches": self._reference_batches,
+            "penalty": None if self._penalty is None else self._penalty.to_dict(),
+            "candidates": None if self._candidates is None else self._candidates.to_dict(),
+            "ceiling_steps": self._ceiling_steps,
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | DecodedState) -> None:
@@ -687,7 +721,7 @@ class Guard:
         if isinstance(version, bool) or version not in _READABLE_VERSIONS:
             msg = f"`state['version']` must be {STATE_VERSION}, got {describe(version)}."
             raise StateError(msg)
-        fields = Fields(state, "state", keys=_STATE_KEYS[: len(_STATE_KEYS) - (3 - version)])
+        fields = Fields(state, "state", keys=_STATE_KEYS[: _KEYS_BY_VERSION[version]])
         saved, current = fields.sub("config", keys=None), self._fingerprint()
         if (
             version < 3
@@ -736,6 +770,18 @@ class Guard:
                     f"`state['reference_batches']` must be 0 with reference_steps=0, got {reference_batches}."
                 )
                 raise StateError(msg)
+        penalty = candidates = None
+        ceiling_steps = 0
+        if version >= 4:
+            payload = fields.raw("penalty")
+            penalty = None if payload is None else TargetedPenalty.from_dict(payload, fields.name("penalty"))
+            payload = fields.raw("candidates")
+            if payload is not None:
+                candidates = TargetedPenalty.from_dict(payload, fields.name("candidates"))
+            if penalty is not None and (ladder_state is None or ladder_state.shaped_step is None):
+                msg = "`state['penalty']` must be None when the ladder never switched it on, got a penalty."
+                raise StateError(msg)
+            ceiling_steps = fields.integer("ceiling_steps", lo=0, hi=seen)
         return DecodedState(
             config=self._fingerprint(),
             seen=seen,
@@ -749,6 +795,9 @@ class Guard:
             stopped_reason=stopped_reason,
             episode=episode,
             reference_batches=reference_batches,
+            penalty=penalty,
+            candidates=candidates,
+            ceiling_steps=ceiling_steps,
         )
 
     def _decode_memory(self, detector: Detector, fields: Fields, seen: int) -> _DetectorMemory:
@@ -884,6 +933,8 @@ class Guard:
         self._said, self._stopped_reason = memory.said, memory.stopped_reason
         self._episode = memory.episode
         self._reference_batches = memory.reference_batches
+        self._penalty, self._candidates = memory.penalty, memory.candidates
+        self._ceiling_steps = memory.ceiling_steps
         self._anchor_cache = {}
 
     @property
@@ -1218,6 +1269,7 @@ class Guard:
         if reading.in_reference:
             self._reference_batches += 1
         data = StepData(observation, warmup_steps=self.warmup_steps, reference=reading.in_reference)
+        reading.data = data
         for detector in self.detectors:
             raw = self._measure(detector, data, reading)
             memory = self._memories[detector.name]
@@ -1269,9 +1321,12 @@ class Guard:
         hacking = reading.verdict == "HACK"  # while warming up, only absolute bands can say HACK
         ladder_out: LadderOutput | None = None
         if self.ladder is not None and self._ladder_state is not None:
+            targets = self._price(reading, hacking)
+            can_shape = self._penalty is None and self._candidates is not None
             ladder_out, self._ladder_state = self.ladder.update(
-                self._ladder_state, hacking=hacking, can_rollback=can_rollback
+                self._ladder_state, hacking=hacking, can_rollback=can_rollback, can_shape=can_shape
             )
+            self._update_penalty(targets, ladder_out)
         control_out = self._control(reading, ladder_out)
         if control_out is not None:
             self._beta = control_out.beta
@@ -1297,15 +1352,115 @@ class Guard:
                 memory.recent, memory.smoothed = [], 0.0
             self._vote = 0.0
         text = self._explain(reading, action, control_out, ladder_out)
+        text += self._ceiling_warning(reading, action)
         if action == "stop":
             self._stopped_reason = text
         return self._decision(reading, action, text, components)
+
+    # ------------------------------------------------------------------------------- the targeted rung
+
+    @property
+    def penalty(self) -> TargetedPenalty | None:
+        """The targeted penalty the ladder switched on, or None.
+
+        Subtract ``penalty(completion_ids)`` from the reward the policy is trained on (the TRL adapter does it
+        itself); keep giving the Guard the raw reward.
+        """
+        return self._penalty
+
+    def _targets(self, reading: _Reading) -> list[Target] | None:
+        """Features the tripping signals name and the raw reward pays for, priced (see ``targeted.price``)."""
+        data, obs = reading.data, reading.observation
+        if data is None or obs.completion_ids is None or len(obs.rewards) < 4:
+            return None
+        batch = obs.completion_ids
+        tripping = [name for name, score in reading.scores.items() if score >= self.warn_level]
+        candidates: list[Target] = []
+        for detector in self.detectors:
+            if detector.name not in tripping:
+                continue
+            if isinstance(detector, Takeover):
+                ngram = detector.top_ngram(data, self._memories[detector.name].memory)
+                for token in sorted(set(ngram or ())):
+                    candidates.append(Target(kind="tokens", token=token, rate=0.0, source=detector.name))
+            elif isinstance(detector, Length):
+                threshold = self._reference_length(detector)
+                if threshold is not None:
+                    target = Target(kind="length", threshold=threshold, rate=0.0, source=detector.name)
+                    candidates.append(target)
+            elif isinstance(detector, (Repetition, Diversity)):
+                candidates.append(Target(kind="repetition", n=detector.n, rate=0.0, source=detector.name))
+        if self._penalty is not None:  # re-price what is already penalised on this batch's raw rewards
+            known = {target.key for target in candidates}
+            candidates.extend(target for target in self._penalty.targets if target.key not in known)
+        return price(candidates, batch, obs.rewards, obs.group_size)
+
+    def _reference_length(self, detector: Length) -> float | None:
+        """The reference sample's median mean length (else the warm-up baseline's), in tokens."""
+        reference = self._anchors(detector).get("mean_length")
+        if reference:
+            return float(np.median(reference))
+        baseline = self._memories[detector.name].baseline
+        return None if baseline is None else float(baseline["mean_length"][0])
+
+    def _price(self, reading: _Reading, hacking: bool) -> list[Target]:
+        """Price this batch's targets; remember the HACK episode's candidates (reset by an OK verdict).
+
+        A feature is priced on a batch where it varies within prompt groups; by the time the ladder acts, the
+        exploit may fill the whole batch, so the price measured earlier in the episode is kept.
+        """
+        if self.ladder is None or not self.ladder.targeted:
+            return []
+        if reading.verdict == "OK":
+            self._candidates = None
+        if not hacking and self._penalty is None:
+            return []
+        targets = self._targets(reading)
+        if hacking and targets is not None:  # the latest measurable price (a batch that cannot say keeps it)
+            self._candidates = TargetedPenalty(tuple(targets)) if targets else None
+        return targets or []
+
+    def _update_penalty(self, targets: list[Target], ladder_out: LadderOutput) -> None:
+        if ladder_out.shape and self._candidates is not None:
+            self._penalty = self._candidates.merged(targets)
+            forget = getattr(self.controller, "forget", None)
+            if callable(forget) and self._controller_state is not None:
+                # the flaw stops paying: the beta that held it off is not needed any more
+                self._controller_state = forget(self._controller_state)
+        elif self._penalty is not None and targets:
+            self._penalty = self._penalty.merged(targets)
+
+    def _ceiling_warning(self, reading: _Reading, action: Action) -> str:
+        """A loud, repeated warning while HACK persists with beta at the controller's ceiling."""
+        ceiling = None if self.controller is None else self.controller.beta_ceil
+        if ceiling is None or self._beta is None or self._beta < ceiling or reading.verdict != "HACK":
+            self._ceiling_steps = 0
+            return ""
+        self._ceiling_steps += 1
+        if action in ("rollback", "stop") or (self._ceiling_steps - 1) % _CEILING_WARN_EVERY:
+            return ""
+        text = (
+            f" Beta is at its ceiling ({_fmt(ceiling)}) and the verdict has been HACK for "
+            f"{self._ceiling_steps} step(s) there: raising beta cannot do more."
+        )
+        if self.ladder is None or self.ladder.max_rollbacks == 0:
+            text += (
+                " Give the Guard an escalation ladder (rollback, targeted penalty, stop: "
+                "Guard(..., ladder=EscalationLadder())) or raise beta_ceil."
+            )
+        warnings.warn(f"loopguard: step {reading.observation.step}:{text}", RuntimeWarning, stacklevel=4)
+        return text
 
     def _control(self, reading: _Reading, ladder_out: LadderOutput | None) -> ControlOutput | None:
         if self.controller is None:
             return None
         observation = reading.observation
-        signal = ControlInput(vote=reading.vote, kl=observation.kl, batch_size=len(observation.rewards))
+        signal = ControlInput(
+            vote=reading.vote,
+            kl=observation.kl,
+            batch_size=len(observation.rewards),
+            advantage_scale=self._advantage_scale(observation),
+        )
         allow_lower = ladder_out is None or not ladder_out.in_cooldown
         output, self._controller_state = self.controller.update(
             self._controller_state, signal, allow_lower=allow_lower
@@ -1313,6 +1468,19 @@ class Guard:
         if output.note:
             self._note_once(f"control:{output.note}", output.note, reading.notes)
         return output
+
+    def _advantage_scale(self, observation: Observation) -> float | None:
+        """The configured advantage scale, or the rewards' mean within-group standard deviation."""
+        if self.advantage_scale is not None:
+            return self.advantage_scale
+        rewards = observation.rewards
+        size = observation.group_size
+        if size is None or size < 2 or len(rewards) % size:
+            size = len(rewards)
+        if size < 2:
+            return None
+        spread = float(np.mean(np.std(rewards.reshape(-1, size), axis=1, ddof=1)))
+        return spread if spread > 0 else None
 
     # ----------------------------------------------------------------------------------- explanation
 
@@ -1363,6 +1531,13 @@ class Guard:
             parts.append(self._give_up(verdict, ladder_out, reading.scores))
         elif action == "rollback" and ladder_out is not None:
             parts.append(f"Rolling back to the last good checkpoint: {ladder_out.reason}.")
+            if self.ladder is not None and self.ladder.reanchor:
+                parts.append("The restored policy becomes the KL reference.")
+        if ladder_out is not None and ladder_out.shape and self._penalty is not None:
+            parts.append(
+                f"Targeted penalty on the trained reward (the Guard keeps reading the raw reward): "
+                f"{self._penalty.describe()}."
+            )
         if control_out is not None and control_out.direction != "hold":
             parts.append(control_out.reason[:1].upper() + control_out.reason[1:] + ".")
         elif action == "none" and verdict != "OK" and self.mode == "log_only":
@@ -1433,6 +1608,8 @@ class Guard:
             onset=onset,
             restore_before=restore_before,
             healthy=self.healthy,
+            reanchor=action == "rollback" and self.ladder is not None and self.ladder.reanchor,
+            penalty=None if self._penalty is None else self._penalty.to_dict(),
         )
 
 

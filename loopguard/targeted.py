@@ -11,10 +11,12 @@ instead take the pay out of that feature: the trained reward becomes
 
 where :math:`x_{ik}` is feature :math:`k` of completion :math:`i` (occurrences of a token, tokens past the
 reference length, the n-gram repetition rate) and :math:`\hat\beta_k` the *premium* the proxy pays per unit
-of it, measured on the raw rewards of the batch that tripped the ladder: the least-squares slope of reward
-on feature within each group of completions of one prompt (the comparison GRPO's advantages make), pooled
-over the groups. With the margin :math:`m` (default 2) the feature costs more than it earns, so the exploit
-stops paying whatever its size, while a feature the reward does not pay for (slope <= 0) is not touched.
+of it, measured on the raw rewards of the hacking batches: the least-squares coefficients of reward on all
+candidate features together, within each group of completions of one prompt (the comparison GRPO's
+advantages make), pooled over the groups (features that always occur together share one premium: the
+minimum-norm solution splits it). With the margin :math:`m` (default 2) the feature costs more than it
+earns, so the exploit stops paying whatever its size, while a feature the reward does not pay for (slope
+<= 0) is not touched.
 While the penalty is on, each batch re-measures the premium on the *raw* rewards and a rate only grows, so a
 policy that half-drops the exploit cannot make the penalty weaker. Every penalty is bounded: a feature is
 bounded by the completion length, and its rate by the measured premium.
@@ -45,7 +47,7 @@ from loopguard._validation import describe, integer, real
 from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
 from loopguard.signals import TokenBatch, as_token_batch, ngram_repetition_rate
 
-__all__ = ["MARGIN", "MAX_TARGETS", "Target", "TargetKind", "TargetedPenalty", "premium"]
+__all__ = ["MARGIN", "MAX_TARGETS", "P_VALUE", "Target", "TargetKind", "TargetedPenalty", "premium", "price"]
 
 TargetKind = Literal["tokens", "length", "repetition"]
 """What a target measures: occurrences of one token, tokens past a length, or the n-gram repetition rate."""
@@ -55,6 +57,9 @@ MARGIN = 2.0
 
 MAX_TARGETS = 16
 """At most this many features are penalised at once."""
+
+P_VALUE = 0.05
+"""Candidates are priced only when they explain the reward at this significance (noise is not a premium)."""
 
 _KINDS = ("tokens", "length", "repetition")
 _STATE_KIND = "loopguard.TargetedPenalty"
@@ -170,15 +175,18 @@ class TargetedPenalty:
                 total += target.rate * target.feature(batch)
         return total
 
-    def merged(self, new: Sequence[Target]) -> TargetedPenalty:
-        """These targets plus ``new`` ones; a feature already here keeps the larger rate (never lowered)."""
+    def merged(self, new: Sequence[Target], *, lower: bool = False) -> TargetedPenalty:
+        """These targets plus ``new`` ones; a feature already here keeps the larger rate.
+
+        With ``lower=True`` it takes the new rate instead (prices that track the latest measurement).
+        """
         by_key = {target.key: target for target in self.targets}
         for target in new:
             old = by_key.get(target.key)
             if old is None:
                 if len(by_key) < MAX_TARGETS:
                     by_key[target.key] = target
-            elif target.rate > old.rate:
+            elif target.rate > old.rate or lower:
                 by_key[target.key] = attrs.evolve(old, rate=target.rate)
         return TargetedPenalty(tuple(by_key.values()))
 
@@ -252,3 +260,57 @@ def premium(
     if spread <= 1e-12:
         return None
     return float((xc * rc).sum() / spread)
+
+
+def price(
+    targets: Sequence[Target], batch: TokenBatch, rewards: ArrayLike, group_size: int | None
+) -> list[Target] | None:
+    """``targets`` priced on one batch: rate = :data:`MARGIN` x the joint within-group premium.
+
+    Nothing is priced (``[]``) unless the candidates together explain the within-group reward variance
+    beyond noise (an F test at :data:`P_VALUE`; the signal that names them already found the hack, so this
+    only checks that the reward pays for them); a target whose premium is <= 0 is left out. None when the
+    batch cannot say (no candidate varies within a group, too few completions).
+
+    Example:
+        >>> batch = as_token_batch("ids", [[5, 5], [1], [5], [2], [5, 5, 5], [3]])
+        >>> target = Target(kind="tokens", token=5, rate=0.0, source="x")
+        >>> [(t.token, round(t.rate, 2)) for t in price([target], batch, [1.0, 0.0, 0.5, 0.0, 1.6, 0.1], 2)]
+        [(5, 1.0)]
+    """
+    if not targets:
+        return None
+    r = np.asarray(rewards, dtype=np.float64)
+    x = np.stack([target.feature(batch) for target in targets], axis=1)
+    size = group_size if group_size and len(r) % group_size == 0 else len(r)
+    xc = (
+        x.reshape(-1, size, x.shape[1]) - x.reshape(-1, size, x.shape[1]).mean(axis=1, keepdims=True)
+    ).reshape(x.shape)
+    rc = (r.reshape(-1, size) - r.reshape(-1, size).mean(axis=1, keepdims=True)).reshape(-1)
+    varies = (xc * xc).sum(axis=0) > 1e-12
+    if not varies.any():
+        return None
+    used = xc[:, varies]
+    fit = np.linalg.lstsq(used, rc, rcond=None)[0]
+    # the candidates must explain the reward beyond its noise (F test of the within-group fit, one-sided
+    # p < P_VALUE; one mean per group is spent): noise is not a premium
+    rank = int(np.linalg.matrix_rank(used))
+    dof = len(rc) - len(rc) // size - rank
+    residual = float(((rc - used @ fit) ** 2).sum())
+    explained = float((rc**2).sum()) - residual
+    if dof < 1 or rank == 0:
+        return None
+    if explained <= 0:
+        return []
+    from scipy.stats import f as f_distribution  # imported where used: `import loopguard` stays light
+
+    statistic = (explained / rank) / max(residual / dof, 1e-300)
+    if float(f_distribution.sf(statistic, rank, dof)) >= P_VALUE:
+        return []
+    coef = np.zeros(len(targets))
+    coef[varies] = fit
+    return [
+        attrs.evolve(target, rate=MARGIN * float(paid))
+        for target, paid in zip(targets, coef, strict=True)
+        if paid > 0
+    ]

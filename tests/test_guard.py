@@ -173,7 +173,7 @@ def test_echo_trap_trips_and_raises_beta_with_numbers_in_the_explanation():
 
 def test_beta_relaxes_back_to_the_users_beta_and_never_below():
     rng = np.random.default_rng(3)
-    guard = Guard(beta=0.02)
+    guard = Guard(controller=BangBang(memory_half_life=0), beta=0.02)
     run(guard, [healthy(step, rng) for step in range(25)])
     run(guard, [looping(step, rng) for step in range(25, 35)])
     assert guard.beta > 0.02
@@ -181,6 +181,20 @@ def test_beta_relaxes_back_to_the_users_beta_and_never_below():
     assert guard.beta == pytest.approx(0.02)
     assert min(d.beta_after for d in decisions) >= 0.02
     assert any(d.action == "lower_beta" for d in decisions)
+
+
+def test_default_beta_remembers_what_held_the_hack_off_and_decays_slowly():
+    rng = np.random.default_rng(3)
+    guard = Guard(beta=0.02)
+    run(guard, [healthy(step, rng) for step in range(25)])
+    run(guard, [looping(step, rng) for step in range(25, 35)])
+    held = guard.beta
+    assert held > 0.02
+    decisions = run(guard, [healthy(step, rng) for step in range(35, 60)])
+    # 25 healthy steps with a half-life of 50: about 0.7 of the way above the user's beta remains
+    assert guard.beta > 0.02 + 0.5 * (held - 0.02)
+    assert min(d.beta_after for d in decisions) >= 0.02
+    assert any("remembered" in d.explanation for d in decisions)
 
 
 def test_log_only_never_acts_but_halt_on_hack_stops():
@@ -396,7 +410,7 @@ def test_load_state_refuses_another_configuration():
     saved = Guard(beta=0.01).state_dict()
     with pytest.raises(ConfigError, match=re.escape("`state` was saved by a Guard with mode='kl_control', but this Guard has mode='pid_lagrangian'.")):
         Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
-    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 3, got 7.")):
+    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 4, got 7.")):
         Guard(beta=0.01).load_state_dict({**saved, "version": 7})
     with pytest.raises(StateError, match=re.escape("`state['detectors']` must have exactly the keys ['collapse', 'diversity', 'drift', 'length', 'repetition'], got missing ['collapse', 'diversity', 'drift', 'length', 'repetition'], unexpected []")):
         Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})
@@ -436,8 +450,12 @@ def test_closed_loop_ends_a_hack_episode_and_returns_beta_to_the_users_value(mod
     assert beta[40:150].max() > 0.01  # and beta went up
     assert vote[180:].max() < 0.30  # below the trip band soon after, and kept there
     assert pressure[-100:].max() == 0.0
-    assert beta[-1] == pytest.approx(0.01)  # back at the user's beta, never below
-    assert beta.min() >= 0.01
+    assert beta.min() >= 0.01  # never below the user's beta
+    if mode == "pid_lagrangian":
+        assert beta[-1] == pytest.approx(0.01)  # back at the user's beta
+    else:  # bang-bang remembers the beta that held the hack off and lets it decay (half-life 50 steps)
+        assert beta[-1] - 0.01 < 0.25 * (beta[40:150].max() - 0.01)
+        assert beta[-1] < beta[200]
 
 
 @pytest.mark.parametrize("mode", ["kl_control", "pid_lagrangian"])
@@ -456,3 +474,68 @@ def test_closed_loop_contains_persistent_hack_pressure(mode):
         run_length = run_length + 1 if high else 0
         longest = max(longest, run_length)
     assert longest <= 8
+
+
+# ------------------------------------------------------------------------- the targeted rung, the ceiling
+
+
+def _takeover_batch(rng, step, share, pay=0.3):
+    """Random healthy completions; ``share`` of them end with "99 98 99 98", and the reward pays for 99."""
+    ids, rewards = [], []
+    for _ in range(16):
+        row = [int(t) for t in rng.integers(0, 90, size=rng.integers(4, 9))]
+        if rng.random() < share:
+            row += [99, 98, 99, 98]
+        ids.append(row)
+        rewards.append(rng.normal(0, 0.2) + pay * row.count(99))
+    return Observation(step, rewards, completion_ids=ids, group_size=4, kl=0.5)
+
+
+def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resume():
+    rng = np.random.default_rng(0)
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
+    guard = Guard(["repetition", "diversity", "takeover"], beta=0.01, ladder=ladder)
+    decisions = [
+        guard.step(_takeover_batch(rng, step, 0.0 if step < 25 else min(0.85, 0.05 * (step - 24))))
+        for step in range(50)
+    ]
+    shaped = next(d for d in decisions if d.penalty is not None)
+    assert shaped.action == "rollback"
+    assert shaped.reanchor
+    assert "The restored policy becomes the KL reference." in shaped.explanation
+    assert "Targeted penalty on the trained reward" in shaped.explanation
+    rates = {t.token: t.rate for t in guard.penalty.targets if t.kind == "tokens"}
+    # 99 and 98 always occur together: they share the 0.3 premium, and each costs twice its half
+    assert set(rates) == {98, 99}
+    assert rates[98] + rates[99] == pytest.approx(2 * 0.3, rel=0.5)  # measured on 16 noisy rewards
+    penalties = guard.penalty([[99, 98, 99, 98], [1, 2, 3]])
+    assert penalties[0] > 2 * 0.3 * 2  # the exploit now costs more than the 0.6 it earns
+    assert penalties[1] == 0.0
+    resumed = Guard(["repetition", "diversity", "takeover"], beta=0.01, ladder=ladder)
+    resumed.load_state_dict(json.loads(json.dumps(guard.state_dict())))
+    assert resumed.penalty == guard.penalty
+
+
+def test_no_targeted_penalty_when_the_reward_does_not_pay_for_the_feature():
+    rng = np.random.default_rng(1)
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
+    guard = Guard(["takeover"], beta=0.01, ladder=ladder)
+    decisions = [
+        guard.step(_takeover_batch(rng, step, 0.0 if step < 25 else 0.85, pay=0.0), can_rollback=False)
+        for step in range(45)
+    ]
+    assert guard.penalty is None
+    assert "stop" in [d.action for d in decisions]
+
+
+def test_beta_stuck_at_the_ceiling_while_hack_persists_warns_again_and_again():
+    rng = np.random.default_rng(2)
+    guard = Guard(["takeover"], controller=BangBang(beta_ceil=0.05), beta=0.01)
+    with pytest.warns(RuntimeWarning, match="Beta is at its ceiling") as caught:
+        decisions = [
+            guard.step(_takeover_batch(rng, step, 0.0 if step < 25 else 1.0)) for step in range(60)
+        ]
+    texts = [str(w.message) for w in caught if "ceiling" in str(w.message)]
+    assert len(texts) >= 3  # the first step at the ceiling, then every 10 steps
+    assert "EscalationLadder" in texts[0]
+    assert sum("raising beta cannot do more" in d.explanation for d in decisions) == len(texts)

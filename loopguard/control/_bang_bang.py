@@ -255,6 +255,22 @@ class BangBang(KLControllerBase[BangBangState]):
         }
         return ControlOutput.step(state.beta, move.beta, components, move.reason), new_state
 
+    def forget(self, state: BangBangState) -> BangBangState:
+        """``state`` without its remembered floor, so relaxing may go back to the user's beta.
+
+        The Guard calls this when the escalation ladder switches a targeted penalty on: the flaw that needed
+        the remembered beta no longer pays.
+
+        Example:
+            >>> ctl = BangBang()
+            >>> held = BangBangState(step=9, base_beta=0.01, beta=0.3, tripped=True, steps_above=0,
+            ...                      steps_below=4, floor_beta=0.3)
+            >>> ctl.forget(held).floor_beta is None
+            True
+        """
+        self.validate(state)
+        return attrs.evolve(state, floor_beta=None)
+
     def _sized(self, signal: ControlInput) -> tuple[float, str] | None:
         """The first raise's size, f |A| / sqrt(2 KL), and its explanation; None when it cannot be sized."""
         kl, scale = signal.kl, signal.advantage_scale

@@ -360,10 +360,12 @@ class EscalationLadder:
             f"hacking persisted for {steps_text(state.consecutive_hacking)} in a row while beta was raised: "
             "take the pay out of the exploit (targeted penalty on the trained reward)"
         )
-        shaped = attrs.evolve(state, shaped_step=state.step, consecutive_hacking=0)
         if rollback_open:
-            move = self._rollback(shaped)
-            return move._replace(reason=f"{what}, and {move.reason}", shape=True)
+            move = self._rollback(state)
+            shaped = attrs.evolve(move.state, shaped_step=state.step)
+            reason = f"take the pay out of the exploit (a targeted penalty on the reward) and {move.reason}"
+            return move._replace(reason=reason, state=shaped, shape=True)
+        shaped = attrs.evolve(state, shaped_step=state.step, consecutive_hacking=0)
         return _Move("raise_beta", RUNG_RAISE, False, f"{what}; no rollback available", shaped, True)
 
     def _stop(self, state: LadderState) -> _Move:
