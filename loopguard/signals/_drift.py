@@ -42,7 +42,7 @@ from loopguard._validation import (
     to_numpy,
 )
 from loopguard.exceptions import ConfigError, InputError
-from loopguard.signals._numeric import pow2_exponent, robust_median
+from loopguard.signals._numeric import SHORT, pow2_exponent, robust_median, short_median
 
 __all__ = [
     "DriftMethod",
@@ -383,11 +383,17 @@ def robust_baseline(values: ArrayLike, *, min_count: int = 3) -> RobustBaseline:
             f"got {array.size}."
         )
         raise InputError(msg)
-    median = float(robust_median(array))  # np.median's middle-pair mean overflows for values near 1e308
+    # a warm-up window is a few values: their medians are taken in Python (the same bits, see short_median)
+    values_list = array.tolist() if array.size <= SHORT else []
+    median = short_median(values_list) if values_list else None
+    if median is None:
+        median = float(robust_median(array))  # np.median's middle-pair mean overflows for values near 1e308
     with np.errstate(over="ignore", invalid="ignore"):
         # scipy.stats.median_abs_deviation(array, center=<median>) computes exactly this, at 10x the cost of
-        # its argument handling (and a 1-second first import) on a warm-up window of a few values
-        mad = float(np.median(np.abs(array - median)))
+        # its argument handling (and a 1-second first import)
+        mad = short_median([abs(value - median) for value in values_list]) if values_list else None
+        if mad is None:
+            mad = float(np.median(np.abs(array - median)))
         if not math.isfinite(mad):  # a deviation or the middle-pair mean overflowed: halved ones cannot
             mad = float(robust_median(np.abs(array / 2.0 - median / 2.0))) * 2.0
     if not (math.isfinite(median) and math.isfinite(mad)):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["pow2_exponent", "robust_mean", "robust_median"]
+__all__ = ["SHORT", "pow2_exponent", "robust_mean", "robust_median", "short_median"]
 
 
 def pow2_exponent(max_abs: float) -> int:
@@ -28,6 +28,32 @@ def pow2_exponent(max_abs: float) -> int:
     if max_abs == 0.0 or not math.isfinite(max_abs):
         return 0
     return math.frexp(max_abs)[1] - 1
+
+
+SHORT = 128
+"""Lists up to this long are cheaper to take the median of in Python (:func:`short_median`) than in numpy."""
+
+
+def short_median(values: list[float]) -> float | None:
+    """:func:`numpy.median` of a short non-empty list of floats, in Python; None where numpy must decide.
+
+    The middle value, or the two middle values summed and halved, exactly as numpy takes them (a mean of
+    the middle pair), so the result has numpy's bits. None (the caller asks numpy) for a list longer than
+    :data:`SHORT`, a median that is not finite (numpy's overflow handling and warnings apply), and a list
+    holding -0.0, where which of two equal zeros lands in the middle is numpy's choice.
+
+    Example:
+        >>> short_median([3.0, 1.0, 2.0, 10.0]), short_median([0.5]), short_median([1.7e308, 1.7e308])
+        (2.5, 0.5, None)
+    """
+    if len(values) > SHORT:
+        return None
+    if 0.0 in values and any(math.copysign(1.0, value) < 0.0 for value in values if value == 0.0):
+        return None
+    ordered = sorted(values)
+    half = len(ordered) // 2
+    middle = ordered[half] if len(ordered) % 2 else (ordered[half - 1] + ordered[half]) / 2.0
+    return middle if math.isfinite(middle) else None
 
 
 def robust_median(values: NDArray[np.float64], axis: int | None = None) -> Any:
