@@ -106,10 +106,12 @@ def _count_distinct_sorted(key: NDArray[np.int64]) -> NDArray[np.int64]:
 def _ngram_counts(batch: TokenBatch, n: int, *, per_row: bool) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Count distinct and total n-grams: per row (two ``[B]`` arrays) or pooled (two ``[1]`` arrays).
 
-    Only n-grams that lie inside one row count. Pooled: one exact key per n-gram, one sort. Per row: rows
-    are grouped by their number of n-grams ``m`` (``m`` in ``(2^(b-1), 2^b]`` for group ``b``), each group
-    is laid out as a matrix as wide as its longest row, short rows are padded with copies of their own last
-    n-gram (which cannot change their distinct count), and each matrix is sorted row by row.
+    Only n-grams that lie inside one row count. Pooled: one exact key per n-gram, one sort. Per row: the
+    row number joins each key (``row * span + key``) and one sort counts every row, when that fits int64;
+    otherwise rows are grouped by their number of n-grams ``m`` (``m`` in ``(2^(b-1), 2^b]`` for group
+    ``b``), each group is laid out as a matrix as wide as its longest row, short rows are padded with copies
+    of their own last n-gram (which cannot change their distinct count), and each matrix is sorted row by
+    row.
     """
     total = np.maximum(batch.lengths - (n - 1), 0)
     distinct = np.zeros(batch.n_rows if per_row else 1, dtype=np.int64)
@@ -120,15 +122,24 @@ def _ngram_counts(batch: TokenBatch, n: int, *, per_row: bool) -> tuple[NDArray[
     if base**n - 1 > _INT64_MAX:  # relabelling the ids may spare compressing the keys
         tokens, base = _relabel(tokens)
 
+    bounds = np.zeros(batch.n_rows + 1, dtype=np.int64)
+    np.cumsum(total, out=bounds[1:])
+    starts = np.arange(bounds[-1], dtype=np.int64)
+    starts += np.repeat(batch.offsets[:-1] - bounds[:-1], total)
+    key = _ngram_keys(tokens, base, starts, n)
     if not per_row:
-        bounds = np.zeros(batch.n_rows + 1, dtype=np.int64)
-        np.cumsum(total, out=bounds[1:])
-        starts = np.arange(bounds[-1], dtype=np.int64)
-        starts += np.repeat(batch.offsets[:-1] - bounds[:-1], total)
-        key = _ngram_keys(tokens, base, starts, n)
         key.sort()
         distinct[0] = _count_distinct_sorted(key)
         return distinct, bounds[-1:]
+    span = int(key.max()) + 1
+    if _fits(batch.n_rows - 1, span):  # one sort of (row, n-gram) keys for the whole batch
+        key += np.repeat(np.arange(batch.n_rows, dtype=np.int64) * span, total)
+        key.sort()
+        first = np.empty(len(key), dtype=bool)
+        first[:1] = True
+        np.not_equal(key[1:], key[:-1], out=first[1:])
+        distinct += np.bincount(key[first] // span, minlength=batch.n_rows)
+        return distinct, total
 
     group = np.frexp(total - 1)[1]  # exponent b with total - 1 < 2^b, i.e. total in (2^(b-1), 2^b]
     group[total == 0] = -1
