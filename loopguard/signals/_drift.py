@@ -42,7 +42,7 @@ from loopguard._validation import (
     to_numpy,
 )
 from loopguard.exceptions import ConfigError, InputError
-from loopguard.signals._numeric import SHORT, pow2_exponent, robust_median, short_median
+from loopguard.signals._numeric import SHORT, plain_median, pow2_exponent, robust_median, short_median
 
 __all__ = [
     "DriftMethod",
@@ -421,8 +421,8 @@ def _robust_scale(sample: NDArray[np.float64]) -> tuple[float, int]:
     """
     exponent = pow2_exponent(float(np.max(np.abs(sample))))
     scaled = np.ldexp(sample, -exponent)
-    median = np.median(scaled)
-    scale = _MAD_TO_SIGMA * float(np.median(np.abs(scaled - median)))
+    median = plain_median(scaled)
+    scale = _MAD_TO_SIGMA * plain_median(np.abs(scaled - median))
     if scale > 0.0:
         return scale, exponent
     return float(np.std(scaled)), exponent

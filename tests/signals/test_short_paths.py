@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from loopguard.scoring import Median
 from loopguard.signals import rolling_median
-from loopguard.signals._numeric import SHORT, short_median
+from loopguard.signals._numeric import SHORT, plain_median, short_median
 
 _EDGES = [0.0, -0.0, 1.0, -1.0, 0.1, 0.3, 5e-324, -5e-324, 1e308, -1e308, 1.7e308, -1.7e308]
 _VALUES = st.one_of(st.sampled_from(_EDGES), st.floats(allow_nan=False, allow_infinity=False))
@@ -30,6 +30,16 @@ def test_short_median_has_the_bits_of_numpy_median(values):
         assert not math.isfinite(expected) or (-0.0 in values and any(math.copysign(1.0, v) < 0 for v in values))
     else:
         assert _bits(median) == _bits(expected), values
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.lists(_VALUES, min_size=1, max_size=40))
+@example([1.7e308, 1.7e308])
+@example([-0.0, 0.0, 1.0, -0.0])
+def test_plain_median_has_the_bits_of_numpy_median(values):
+    array = np.array(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        assert _bits(plain_median(array)) == _bits(float(np.median(array))), values
 
 
 def test_short_median_leaves_long_lists_to_numpy():
