@@ -356,8 +356,19 @@ def _convert_signals(value: object) -> Mapping[str, float | None]:
     result: dict[str, float | None] = {}
     for key, item in value.items():
         name = check_name("signals key", key)
-        result[name] = _finite_or_none(f"signals[{name!r}]", item)
+        if type(item) is float:  # the common case, without building the name of a value that is fine
+            result[name] = item if math.isfinite(item) else None
+        else:
+            result[name] = _finite_or_none(f"signals[{name!r}]", item)
     return types.MappingProxyType(result)
+
+
+def _plain_leaf(value: object) -> bool:
+    """A leaf that :func:`_json_tree` keeps as it is: None, or a str, int or finite float (exact types)."""
+    kind = type(value)
+    if kind is float:
+        return math.isfinite(cast(float, value))
+    return value is None or kind is str or kind is int
 
 
 def _json_tree(name: str, value: object, depth: int) -> Any:
@@ -380,9 +391,12 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
                 if not isinstance(key, str):
                     msg = f"`{name}` keys must be strings, got {describe(key)} of type {type(key).__name__}."
                     raise LoopguardTypeError(msg)
-                tree[key] = _json_tree(f"{name}[{key!r}]", item, depth + 1)
+                tree[key] = item if _plain_leaf(item) else _json_tree(f"{name}[{key!r}]", item, depth + 1)
             return tree
-        return [_json_tree(f"{name}[{index}]", item, depth + 1) for index, item in enumerate(value)]
+        return [
+            item if _plain_leaf(item) else _json_tree(f"{name}[{index}]", item, depth + 1)
+            for index, item in enumerate(value)
+        ]
     msg = (
         f"`{name}` must hold only None, bool, int, float, str, lists and string-keyed mappings, "
         f"got {describe(value)} of type {type(value).__name__}."
