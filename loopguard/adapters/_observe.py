@@ -65,6 +65,8 @@ __all__ = [
 
 
 def _finite(value: object) -> float | None:
+    if type(value) is float:  # the common case (TRL logs rewards and metrics as Python floats)
+        return value if math.isfinite(value) else None
     return real_or_none(value, refuse=False)
 
 
@@ -169,7 +171,7 @@ def tokenize(processing_class: Any, texts: Sequence[str]) -> tuple[tuple[int, ..
         return None
     encoded = tokenizer(list(texts), add_special_tokens=False)
     ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
-    return tuple(tuple(int(token) for token in row) for row in ids)
+    return tuple(tuple(map(int, row)) for row in ids)
 
 
 def _generation_marker(buffer: Any) -> Any:
