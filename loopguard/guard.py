@@ -585,6 +585,7 @@ class Guard:
             msg = f"`sigma_hack` must be >= sigma_warn ({self.sigma_warn}), got {self.sigma_hack}."
             raise ConfigError(msg)
         self.drift_guard = check_bool("drift_guard", drift_guard)
+        self.trainer_advantage_scale: float | None = None  # set by an adapter that knows the trainer
         self.advantage_scale = None
         if advantage_scale is not None:
             self.advantage_scale = check_real("advantage_scale", advantage_scale, lo=0.0, lo_inclusive=False)
@@ -1473,6 +1474,8 @@ class Guard:
         """The configured advantage scale, or the rewards' mean within-group standard deviation."""
         if self.advantage_scale is not None:
             return self.advantage_scale
+        if self.trainer_advantage_scale is not None:
+            return self.trainer_advantage_scale
         rewards = observation.rewards
         size = observation.group_size
         if size is None or size < 2 or len(rewards) % size:

@@ -170,6 +170,28 @@ class RollbackStore:
         else:
             self.pending = step
 
+    def save_initial(
+        self, parts: Parts, *, main: bool, extra_state: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        """Save the policy training starts from as step 0, marked good at once (main process writes).
+
+        The starting policy is the reference the run is measured against, not a product of the reward being
+        watched, so it needs no confirmation window: it is the rollback target of a flaw that pays from the
+        first step. Skipped when the store already holds a step-0 checkpoint.
+        """
+        if not main or 0 in self.manager.steps():
+            return
+        self.manager.save(
+            0,
+            parts.model,
+            parts.optimizer,
+            parts.scheduler,
+            ref_model=parts.ref_model,
+            rng=True,
+            extra_state=None if extra_state is None else extra_state(),
+        )
+        self.manager.mark_good(0)
+
     def rollback(self, parts: Parts, *, before_step: int, discard_newer: bool) -> int:
         """Restore the newest good checkpoint saved before ``before_step`` into ``parts``; its step."""
         self.pending = None

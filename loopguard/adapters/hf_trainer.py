@@ -86,9 +86,11 @@ from loopguard.adapters._beta import (
 from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, move_first
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
+from loopguard.adapters._respond import default_manager, penalise_rewards, reanchor
 from loopguard.adapters._rollback import Parts, RollbackStore, open_manager, synced_reference
 from loopguard.adapters._run_scope import Run, default_store_dir, resolve_run, write_run_file
 from loopguard.adapters._tap import TappedReward, is_tapped
+from loopguard.control import EscalationLadder
 from loopguard.detectors import HACK_LEVEL, WARN_LEVEL, GoldAudit, InfoRM, Repetition, RMEnsemble
 from loopguard.exceptions import (
     ConfigError,
@@ -319,6 +321,14 @@ def _start_store(store: RollbackStore, run: Run, state: TrainerState) -> None:
         )
 
 
+def _normalises_advantages(args: Any) -> bool:
+    """Whether the trainer divides advantages by their spread (GRPO's ``scale_rewards``, RLOO's option)."""
+    scale = getattr(args, "scale_rewards", None)
+    if scale is not None:
+        return scale not in ("none", False)
+    return bool(getattr(args, "normalize_advantages", False))
+
+
 def _is_eval_log(logs: Mapping[str, Any]) -> bool:
     return any(str(key).startswith(("eval_", "test_")) for key in logs)
 
@@ -340,10 +350,22 @@ def _worse(current: float | None, new: float) -> float:
     return new if current is None else max(current, new)
 
 
-def _guard_of(mode: object, guard: object, on_error: OnError) -> Guard:
-    """The mitigator's Guard: the one given, or the ``mode`` preset (default ``"kl_control"``)."""
+def _guard_of(mode: object, guard: object, on_error: OnError, rollback: bool | None) -> Guard:
+    """The mitigator's Guard: the one given, or the ``mode`` preset (default ``"kl_control"``).
+
+    A preset that changes beta gets the default :class:`EscalationLadder` (rollback, targeted penalty, stop)
+    unless ``rollback=False``.
+    """
     if guard is None:
-        return Guard(mode=mode or "kl_control", on_error=on_error)  # type: ignore[arg-type]
+        chosen = mode or "kl_control"
+        ladder = EscalationLadder() if rollback is not False and chosen != "log_only" else None
+        return Guard(mode=chosen, ladder=ladder, on_error=on_error)  # type: ignore[arg-type]
+    if rollback is not None:
+        msg = (
+            f"`rollback` must be None when a guard is given (its ladder decides: Guard(..., "
+            f"ladder=EscalationLadder()) or ladder=None), got rollback={rollback!r}."
+        )
+        raise ConfigError(msg)
     if mode is not None:
         current = getattr(guard, "mode", None)
         msg = (
@@ -399,9 +421,12 @@ class RewardHackMitigator(_Observer):
     rollback store and the log records (see ``docs/trl.md``).
 
     Args:
-        mode: A shorthand for ``guard=Guard(mode=mode)`` with every default: ``"kl_control"`` (bang-bang, the
-            default when neither is given), ``"pid_lagrangian"``, ``"adaptive_kl"`` or ``"log_only"``
-            (observe and log, never change anything).
+        mode: A shorthand for ``guard=Guard(mode=mode, ladder=EscalationLadder())`` with every default:
+            ``"kl_control"`` (bang-bang, the default when neither is given), ``"pid_lagrangian"``,
+            ``"adaptive_kl"`` or ``"log_only"`` (observe and log, never change anything; no ladder). So the
+            one-liner ``RewardHackMitigator()`` raises beta, then switches on a targeted penalty and rolls
+            back (re-anchoring the KL reference on the restored policy), and stops only when nothing else
+            worked (see ``docs/controllers.md``).
         guard: The :class:`~loopguard.Guard` that decides: its signals, controller, escalation ladder (the
             rollback and stop rungs; rollbacks need a checkpoint source), warm-up, smoothing and vote.
             ``RMEnsemble(members=("rm_a", "rm_b"))`` names the trainer's reward functions that form the
@@ -411,7 +436,11 @@ class RewardHackMitigator(_Observer):
             need their callables: the trainer has no embeddings or gold scores to offer.
         checkpoint: A :class:`~loopguard.checkpoint.CheckpointManager` or a directory: the mitigator saves
             rollback checkpoints there every ``checkpoint_every`` steps. None: use an attached
-            :class:`RLCheckpointCallback`'s store.
+            :class:`RLCheckpointCallback`'s store, or else (when the ladder rolls back) a store of its own,
+            scoped to the run: in memory when one process trains and 3 checkpoints (parameters plus two
+            Adam moments per trainable parameter) fit in 2 GiB, otherwise on disk in
+            ``<output_dir>/loopguard_checkpoints/<run>``. Its own store also keeps the starting policy as
+            step 0, the rollback target of a flaw that pays from the first step.
         checkpoint_every: Steps between rollback checkpoints, >= 1. Default 10.
         restore_scheduler: Restore the LR scheduler on rollback (the LR moves back with the weights) instead
             of keeping it on the global-step schedule. Default False.
@@ -430,13 +459,16 @@ class RewardHackMitigator(_Observer):
             Guard as well (a Guard you pass keeps its own ``on_error``).
         trainer: The trainer to bind to now (the primary path: ``RewardHackMitigator(trainer=trainer)``, or
             ``.bind(trainer)``); otherwise it is searched for at the start of training (see the module docs).
+        rollback: With ``mode`` (or neither): ``False`` for beta-only control (no ladder: no rollback, no
+            targeted penalty, no stop); None (default) keeps the ladder. Must be None with ``guard``, whose
+            ladder decides.
 
     Raises:
         ConfigError, LoopguardTypeError: at construction for a bad argument, both ``mode`` and ``guard``, an
             ``info_rm`` without ``embed_fn``, a ``gold`` signal without ``gold_fn``, a bool for a number,
-            ``checkpoint`` without a Guard ladder that rolls back; at the start of training for a trainer
-            whose beta is 0 (or not found) in a KL-changing mode, rollback without a checkpoint source,
-            unknown ensemble members, a trainer with nothing to observe, a rollback store that cannot be read
+            ``checkpoint`` without a Guard ladder that rolls back, ``rollback`` with ``guard``; at the start
+            of training for a trainer whose beta is 0 (or not found) in a KL-changing mode, unknown ensemble
+            members, a trainer with nothing to observe, a rollback store that cannot be read
             or belongs to another run, a resume state or run file that does not load, or any other exception
             while starting (raised as a ``ConfigError``).
 
@@ -467,10 +499,13 @@ class RewardHackMitigator(_Observer):
         log_path: str | os.PathLike[str] | None = None,
         on_error: OnError = "warn",
         trainer: Any = None,
+        rollback: bool | None = None,
     ) -> None:
         """Validate the configuration (see the class docstring)."""
         on_error = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
-        self.guard = _guard_of(mode, guard, on_error)
+        if rollback is not None:
+            rollback = check_bool("rollback", rollback)
+        self.guard = _guard_of(mode, guard, on_error, rollback)
         ladder = self.guard.ladder
         for detector in self.guard.detectors:
             if isinstance(detector, InfoRM) and detector.embed_fn is None:
@@ -514,6 +549,8 @@ class RewardHackMitigator(_Observer):
         self._source: GenerationSource | TapSource | MetricSource | None = None
         self._store: RollbackStore | None = None
         self._own_store = False
+        self._penalised: str | None = None
+        self._ref_model: Any = None
         self._members: tuple[str, ...] | None = None
         self._log: MitigationLog | None = None
         self.rollbacks: list[dict[str, int]] = []
@@ -624,6 +661,7 @@ class RewardHackMitigator(_Observer):
         run = resolve_run(trainer, args, state, self._resume_from, self._sync)
         self._run, self.run_id = run, run.id
         self._setup_store(trainer, args, state, run)
+        self._setup_response(trainer, args, state)
         self._log = None
         if state.is_world_process_zero:
             path = self.log_path or os.path.join(str(args.output_dir), "mitigation_log.jsonl")
@@ -724,12 +762,43 @@ class RewardHackMitigator(_Observer):
             )
             self._store = None if attached is None else attached._store_for(args, state, run)
             self._own_store = False
-        if wants and self._store is None:
-            msg = (
-                "rollback needs a checkpoint source: pass checkpoint='<directory>' (or a CheckpointManager) "
-                "to RewardHackMitigator, or add an RLCheckpointCallback to the trainer."
+        if wants and self._store is None:  # the one-liner protects: a run-scoped store of its own
+            world = int(getattr(args, "world_size", 1) or 1)
+            folder = default_store_dir(args, run)
+            manager, why = default_manager(trainer.model, world_size=world, directory=folder)
+            self._store = RollbackStore(manager, self.checkpoint_every, guard=self.guard)
+            self._own_store = True
+            _start_store(self._store, run, state)
+            logger.info("loopguard: rollback checkpoints every %d steps, %s", self.checkpoint_every, why)
+        if self._own_store and self._store is not None and int(state.global_step) == 0:
+            # the policy training starts from is good by definition: the rollback target of a flaw that pays
+            # from the first step, before any later checkpoint could be confirmed
+            main = bool(state.is_world_process_zero)
+            self._store.save_initial(_parts(trainer, args), main=main, extra_state=self.state_dict)
+
+    def _setup_response(self, trainer: Any, args: TrainingArguments, state: TrainerState) -> None:
+        """What the ladder's newer rungs need from the trainer: the advantage scale, the penalty, the ref."""
+        ladder = self.guard.ladder
+        if self.guard.trainer_advantage_scale is None and _normalises_advantages(args):
+            self.guard.trainer_advantage_scale = 1.0
+        self._penalised = None
+        if ladder is not None and ladder.targeted:
+            self._penalised = penalise_rewards(trainer, self.guard)
+            if self._penalised is None:
+                self._warn_once(
+                    "penalty",
+                    f"loopguard: {type(trainer).__name__} has no reward function to add the targeted penalty "
+                    "to (a reward model, or rewards from a tap): the ladder's targeted rung cannot act "
+                    "(EscalationLadder(targeted=False) silences this).",
+                )
+        self._ref_model = getattr(trainer, "ref_model", None)
+        if ladder is not None and ladder.reanchor and ladder.max_rollbacks and self._ref_model is None:
+            self._warn_once(
+                "reanchor",
+                f"loopguard: {type(trainer).__name__} has no separate reference model (a PEFT policy uses "
+                "its disabled adapter as the reference): after a rollback the KL reference stays the initial "
+                "model, not the restored policy (EscalationLadder(reanchor=False) silences this).",
             )
-            raise ConfigError(msg)
 
     def _resume(self, args: TrainingArguments, state: TrainerState) -> None:
         if state.global_step <= 0:
@@ -864,7 +933,15 @@ class RewardHackMitigator(_Observer):
         logger.warning(
             "loopguard: rolled back to the checkpoint of step %d at step %d", restored, decision.step
         )
-        return {"rolled_back_to": restored}
+        out: dict[str, Any] = {"rolled_back_to": restored}
+        if decision.reanchor:
+            try:
+                unwrap = getattr(getattr(self._trainer, "accelerator", None), "unwrap_model", None)
+                out["reanchored"] = reanchor(self._trainer.model, self._ref_model, unwrap)
+            except Exception as error:
+                self._failed("reanchor", error, int(decision.step))
+                out["reanchor_error"] = f"{type(error).__name__}: {error}"
+        return out
 
     def _restore_at_stop(
         self, decision: Decision, args: TrainingArguments, state: TrainerState

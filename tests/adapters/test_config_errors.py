@@ -1,5 +1,7 @@
 """Configuration errors fail fast: at construction, or at the start of training before the first step."""
 
+import re
+
 import pytest
 from adapter_helpers import grpo_trainer, make_echo_reward
 
@@ -81,12 +83,31 @@ def test_bool_for_a_number_and_number_for_a_bool(build, message):
     assert str(error.value) == message
 
 
-def test_rollback_without_a_checkpoint_source_fails_at_train_start(model_dir, tokenizer, tmp_path):
-    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=3)
-    trainer.add_callback(RewardHackMitigator(guard=Guard(ladder=EscalationLadder())))
-    with pytest.raises(ConfigError, match=r"rollback needs a checkpoint source: pass checkpoint="):
-        trainer.train()
-    assert trainer.state.global_step == 0
+def test_the_one_liner_protects_with_its_own_run_scoped_store(model_dir, tokenizer, tmp_path):
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=2)
+    mitigator = RewardHackMitigator()
+    trainer.add_callback(mitigator)
+    trainer.train()
+    ladder = mitigator.guard.ladder
+    assert ladder == EscalationLadder()  # rollback, targeted penalty and stop, with their defaults
+    assert ladder.targeted
+    assert ladder.reanchor
+    store = mitigator.checkpoints
+    assert store.in_memory  # a tiny model in one process: its checkpoints live in memory
+    assert store.good_steps() == (0,)  # the starting policy, the target of a flaw present from step 0
+    assert getattr(trainer.reward_funcs[0], "__loopguard_penalised__", False)  # ready for the targeted rung
+    assert trainer.reward_funcs[0].__name__ == "echo_reward"
+    assert mitigator.guard.trainer_advantage_scale == 1.0  # GRPO normalises its advantages
+
+
+def test_beta_only_control_is_an_explicit_opt_out(tmp_path):
+    assert RewardHackMitigator(rollback=False).guard.ladder is None
+    assert RewardHackMitigator(mode="pid_lagrangian", rollback=False).guard.ladder is None
+    assert RewardHackMitigator(mode="log_only").guard.ladder is None
+    with pytest.raises(ConfigError, match=re.escape("`rollback` must be None when a guard is given")):
+        RewardHackMitigator(guard=Guard(), rollback=False)
+    with pytest.raises(LoopguardTypeError, match=re.escape("`rollback` must be a bool, got 1 of type int.")):
+        RewardHackMitigator(rollback=1)
 
 
 def test_rollback_with_an_rl_checkpoint_callback_is_a_source(model_dir, tokenizer, tmp_path):
@@ -100,7 +121,9 @@ def test_rollback_with_an_rl_checkpoint_callback_is_a_source(model_dir, tokenize
 
 def test_other_configuration_errors(tmp_path):
     with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
-        RewardHackMitigator(checkpoint=tmp_path)
+        RewardHackMitigator(checkpoint=tmp_path, rollback=False)
+    with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
+        RewardHackMitigator(checkpoint=tmp_path, guard=Guard())
     with pytest.raises(ConfigError, match="`checkpoint` is only used for rollbacks"):
         RewardHackMitigator(checkpoint=tmp_path, guard=Guard(ladder=EscalationLadder(max_rollbacks=0)))
     with pytest.raises(ConfigError, match="`controller` must be None with mode='log_only'"):

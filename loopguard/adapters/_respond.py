@@ -1,0 +1,150 @@
+"""What the adapters do for the ladder's newer rungs: the targeted penalty, the re-anchor, the own store.
+
+* :func:`penalise_rewards` wraps the trainer's trained reward function once at the start of training so the
+  Guard's targeted penalty (:attr:`Guard.penalty <loopguard.Guard.penalty>`, None until the ladder switches it
+  on) is subtracted from what the policy is trained on. The wrapper logs the unshaped rewards through TRL's
+  ``log_extra`` as ``"<name>/unshaped"`` (what :func:`loopguard.shape_reward` does too), and the observer
+  reads those: the Guard keeps seeing the raw reward.
+* :func:`reanchor` copies the policy's weights into the KL reference model after a rollback (the escalation
+  ladder's ``reanchor``), so a raised beta holds the policy near the restored good policy.
+* :func:`default_manager` picks the rollback store that ``RewardHackMitigator()`` makes for itself: in
+  memory when one process trains a model whose checkpoints fit :data:`IN_MEMORY_LIMIT`, else on disk beside
+  the run.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from loopguard._reward_fn import reward_name, wrap_reward
+
+if TYPE_CHECKING:
+    from loopguard.guard import Guard
+
+__all__ = [
+    "IN_MEMORY_LIMIT",
+    "KEEP_LAST",
+    "checkpoint_bytes",
+    "default_manager",
+    "penalise_rewards",
+    "reanchor",
+]
+
+logger = logging.getLogger("loopguard")
+
+IN_MEMORY_LIMIT = 2 * 1024**3
+"""Bytes of rollback checkpoints (``KEEP_LAST`` of them) that ``RewardHackMitigator()`` keeps in memory."""
+
+KEEP_LAST = 3
+"""Rollback checkpoints kept by the store the mitigator makes for itself."""
+
+_ATTRIBUTE = "__loopguard_penalised__"
+
+
+def checkpoint_bytes(model: Any, optimizer: Any = None) -> int:
+    """The size of one rollback checkpoint: the parameters, plus two Adam moments per trainable parameter.
+
+    The optimizer's state may not exist yet at the start of training (Adam creates it on the first step), so
+    it is estimated as two float32 tensors per trainable parameter; ``optimizer`` is accepted for callers that
+    know better, and unused here.
+    """
+    del optimizer
+    total = 0
+    for parameter in model.parameters():
+        total += parameter.numel() * parameter.element_size()
+        if parameter.requires_grad:
+            total += 2 * parameter.numel() * 4
+    return int(total)
+
+
+def default_manager(model: Any, *, world_size: int, directory: str) -> tuple[Any, str]:
+    """The CheckpointManager of ``RewardHackMitigator()``'s own rollback store, and why it was chosen.
+
+    In memory when a single process trains and ``KEEP_LAST`` checkpoints fit :data:`IN_MEMORY_LIMIT`; on disk
+    in ``directory`` otherwise (several processes must all read the checkpoint a rollback restores).
+    """
+    from loopguard.checkpoint import CheckpointManager
+
+    size = checkpoint_bytes(model)
+    mib = size / 1024**2
+    if world_size == 1 and KEEP_LAST * size <= IN_MEMORY_LIMIT:
+        why = (
+            f"in memory ({KEEP_LAST} checkpoints of {mib:.1f} MiB: parameters and Adam moments, within the "
+            f"{IN_MEMORY_LIMIT / 1024**3:.0f} GiB limit)"
+        )
+        return CheckpointManager(in_memory=True, keep_last=KEEP_LAST), why
+    where = "several processes" if world_size > 1 else f"{KEEP_LAST} x {mib:.0f} MiB"
+    why = f"on disk in {directory} ({where})"
+    return CheckpointManager(directory, keep_last=KEEP_LAST), why
+
+
+def _trained_index(trainer: Any) -> int | None:
+    """The first reward function the trainer trains on (weight != 0), or None."""
+    functions = getattr(trainer, "reward_funcs", None)
+    if not functions:
+        return None
+    weights = getattr(trainer, "reward_weights", None)
+    values = [1.0] * len(functions) if weights is None else [float(w) for w in weights]
+    return next((i for i, w in enumerate(values) if w != 0), None)
+
+
+def penalise_rewards(trainer: Any, guard: Guard) -> str | None:
+    """Wrap the trainer's first trained reward function so the Guard's targeted penalty is subtracted.
+
+    The penalty is divided by the function's weight, so the trained (weighted) reward drops by exactly the
+    penalty. Idempotent. Returns the wrapped function's name, or None when the trainer has no reward
+    functions to wrap (the penalty cannot reach the trained reward; the caller says so).
+    """
+    index = _trained_index(trainer)
+    if index is None:
+        return None
+    functions = trainer.reward_funcs
+    fn = functions[index]
+    name = reward_name(fn)
+    if getattr(fn, _ATTRIBUTE, False):
+        return name
+    weights = getattr(trainer, "reward_weights", None)
+    weight = 1.0 if weights is None else float(weights[index])
+    if not callable(fn) or (hasattr(fn, "config") and hasattr(fn, "forward")):
+        return None  # a reward model (nn.Module): TRL calls it on tokenized inputs, not through kwargs
+
+    def finish(_prepared: Any, _args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        penalty = guard.penalty
+        ids = kwargs.get("completion_ids")
+        if output is None or ids is None:
+            return output
+        raw = [None if value is None else float(value) for value in output]
+        log_extra = kwargs.get("log_extra")
+        if callable(log_extra):
+            log_extra(f"{name}/unshaped", raw)
+        if penalty is None:
+            return output
+        amounts = penalty([list(map(int, row)) for row in ids]) / weight
+        pairs = zip(raw, amounts, strict=True)
+        return [None if value is None else value - float(amount) for value, amount in pairs]
+
+    wrapped = wrap_reward(fn, finish, copy_attributes=False, module=__name__)
+    setattr(wrapped, _ATTRIBUTE, True)
+    functions[index] = wrapped
+    return name
+
+
+def reanchor(model: Any, ref_model: Any, unwrap: Any = None) -> bool:
+    """Copy the policy's weights into the reference model (in place); False when there is no reference.
+
+    ``unwrap`` (e.g. ``accelerator.unwrap_model``) strips DDP / compile wrappers from both first.
+    """
+    if ref_model is None:
+        return False
+    import torch
+
+    policy = unwrap(model) if unwrap is not None else model
+    reference = unwrap(ref_model) if unwrap is not None else ref_model
+    with torch.no_grad():
+        source = policy.state_dict()
+        target = reference.state_dict()
+        for key, tensor in target.items():
+            tensor.copy_(source[key].to(device=tensor.device, dtype=tensor.dtype))
+    return True
+
