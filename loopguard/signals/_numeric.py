@@ -39,14 +39,15 @@ def short_median(values: list[float]) -> float | None:
 
     The middle value, or the two middle values summed and halved, exactly as numpy takes them (a mean of
     the middle pair), so the result has numpy's bits. None (the caller asks numpy) for a list longer than
-    :data:`SHORT`, a median that is not finite (numpy's overflow handling and warnings apply), and a list
-    holding -0.0, where which of two equal zeros lands in the middle is numpy's choice.
+    :data:`SHORT`, a value that is not a ``float`` (numpy converts it first), a median that is not finite
+    (numpy's overflow handling and warnings apply), and a list holding -0.0, where which of two equal
+    zeros lands in the middle is numpy's choice.
 
     Example:
         >>> short_median([3.0, 1.0, 2.0, 10.0]), short_median([0.5]), short_median([1.7e308, 1.7e308])
         (2.5, 0.5, None)
     """
-    if len(values) > SHORT:
+    if len(values) > SHORT or not all(type(value) is float for value in values):
         return None
     if 0.0 in values and any(math.copysign(1.0, value) < 0.0 for value in values if value == 0.0):
         return None
