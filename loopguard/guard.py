@@ -80,6 +80,7 @@ from loopguard.detectors import (
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
 from loopguard.signals import TokenBatch, as_token_batch, mann_kendall_z, robust_baseline, series_slope
+from loopguard.signals._numeric import short_median
 from loopguard.targeted import Target, TargetedPenalty, price
 
 __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
@@ -1146,7 +1147,8 @@ class Guard:
                 continue
             series = reference + memory.warm.get(key, [])
             scale = robust_baseline(series).scale if len(series) >= 3 else 0.0
-            anchors[key] = [float(np.median(reference)), scale]
+            median = short_median(reference)  # numpy's bits, in Python for a short sample (None: ask numpy)
+            anchors[key] = [float(np.median(reference)) if median is None else median, scale]
         self._anchor_cache[detector.name] = (sizes, anchors)
         return anchors
 
@@ -1424,12 +1426,13 @@ class Guard:
     def _update_penalty(self, targets: list[Target], ladder_out: LadderOutput) -> None:
         if ladder_out.shape and self._candidates is not None:
             self._penalty = self._candidates.merged(targets)
-            forget = getattr(self.controller, "forget", None)
-            if callable(forget) and self._controller_state is not None:
-                # the flaw stops paying: the beta that held it off is not needed any more
-                self._controller_state = forget(self._controller_state)
         elif self._penalty is not None and targets:
-            self._penalty = self._penalty.merged(targets)
+            self._penalty = self._penalty.merged(targets)  # re-priced on the raw reward: rates only grow
+        forget = getattr(self.controller, "forget", None)
+        if self._penalty is not None and callable(forget) and self._controller_state is not None:
+            # the penalty takes the pay out of the flaw (and re-prices itself while the hack persists): the
+            # controller's memory of the beta that held the flaw off is not needed, beta relaxes by the gain
+            self._controller_state = forget(self._controller_state)
 
     def _ceiling_warning(self, reading: _Reading, action: Action) -> str:
         """A loud, repeated warning while HACK persists with beta at the controller's ceiling."""
