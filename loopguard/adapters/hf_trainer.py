@@ -848,19 +848,17 @@ class RewardHackMitigator(_Observer):
             if all(row is not None and None not in row for row in rows):
                 ensemble = [list(row or ()) for row in rows]
         beta = self.beta
-        return Observation(
+        return Observation(  # the batch's tuples as they are: Observation converts them once
             batch.step,
-            list(batch.rewards),
-            completions=None if batch.completions is None else list(batch.completions),
-            completion_ids=None
-            if batch.completion_ids is None
-            else [list(row) for row in batch.completion_ids],
+            batch.rewards,
+            completions=batch.completions,
+            completion_ids=batch.completion_ids,
             group_size=batch.group_size,
             group_sizes=batch.group_sizes,
             kl=batch.kl,
             entropy=None if batch.entropy is None else max(0.0, batch.entropy),
             ensemble_scores=ensemble,
-            prompts=None if batch.prompts is None else list(batch.prompts),
+            prompts=batch.prompts,
             beta=beta if beta is not None and beta > 0 else None,
         )
 
