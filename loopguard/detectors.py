@@ -465,6 +465,25 @@ def _document_counts(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArra
     return keys, counts
 
 
+def _counts_up_to(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]] | None:
+    """:func:`_document_counts` for every n-gram size from 1 to ``n``, in one sorted key space."""
+    parts = [_document_counts(data, size) for size in range(1, n + 1)]
+    if any(part is None for part in parts):
+        return None
+    keys = np.concatenate([part[0] for part in parts if part is not None])
+    counts = np.concatenate([part[1] for part in parts if part is not None])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], counts[order]
+
+
+def _ngram_keys(ids: NDArray[np.uint64], valid: NDArray[np.int64], n: int) -> NDArray[np.uint64]:
+    """The key of the n-gram starting at each position in ``valid`` (as :func:`_document_counts` keys it)."""
+    key = _splitmix(ids[valid])
+    for shift in range(1, n):
+        key = _splitmix(key ^ ids[valid + shift])
+    return key
+
+
 @attrs.frozen
 class Takeover(_NgramDetector):
     r"""A new n-gram takes over the batch: more completions contain it than the reference sample's did.
@@ -492,8 +511,11 @@ class Takeover(_NgramDetector):
     n-grams take over the batch on purpose. Add it where no phrase should spread: ``Guard([...,
     "takeover"])``. It needs a reference sample (``reference_steps > 0``).
 
+    Every n-gram of 1 to ``n`` tokens is a candidate (a single rewarded token scattered through the
+    completions, a repeated token, a phrase).
+
     Args:
-        n: n-gram size (default 2: a phrase, or a token repeated).
+        n: The longest n-gram (default 2: single tokens and pairs).
         bands: ``(warn, hack)`` levels of the excess share, ``0 < warn < hack <= 1``.
         keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
         margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4: in
@@ -527,7 +549,7 @@ class Takeover(_NgramDetector):
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Pool reference batches; score every later batch against the pool."""
-        counted = _document_counts(data, self.n)
+        counted = _counts_up_to(data, self.n)
         if counted is None:
             return None
         keys, counts = counted
@@ -560,7 +582,7 @@ class Takeover(_NgramDetector):
         tokens, ids = data.tokens, _stable_ids(data)
         if tokens is None or ids is None or data.observation.completion_ids is None or not memory.get("rows"):
             return None
-        counted = _document_counts(data, self.n)
+        counted = _counts_up_to(data, self.n)
         if counted is None or len(counted[0]) == 0:
             return None
         keys, counts = counted
@@ -575,14 +597,14 @@ class Takeover(_NgramDetector):
         spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
         best = keys[int(np.argmax(counts / rows - reference / pooled - self.margin * spread))]
         lengths = tokens.lengths
-        starts = np.repeat(tokens.offsets[:-1], lengths)
-        position_in_row = np.arange(len(ids), dtype=np.int64) - starts
-        valid = np.flatnonzero(position_in_row <= np.repeat(lengths, lengths) - self.n)
-        key = _splitmix(ids[valid])
-        for shift in range(1, self.n):
-            key = _splitmix(key ^ ids[valid + shift])
-        hit = valid[np.flatnonzero(key == best)[0]]
-        return tuple(int(token) for token in tokens.tokens[hit : hit + self.n])
+        position_in_row = np.arange(len(ids), dtype=np.int64) - np.repeat(tokens.offsets[:-1], lengths)
+        for size in range(1, self.n + 1):
+            valid = np.flatnonzero(position_in_row <= np.repeat(lengths, lengths) - size)
+            hits = np.flatnonzero(_ngram_keys(ids, valid, size) == best)
+            if len(hits):
+                start = int(valid[hits[0]])
+                return tuple(int(token) for token in tokens.tokens[start : start + size])
+        return None
 
     def _pool(
         self, memory: dict[str, Any], keys: NDArray[np.uint64], counts: NDArray[np.int64], rows: int

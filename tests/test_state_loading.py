@@ -326,8 +326,13 @@ def test_a_value_that_contradicts_the_guard_is_refused():
 
 
 def written_by(state, version):
-    """A Guard state as loopguard wrote it at state ``version``: 1 kept no episode, 1 and 2 no reference sample."""
-    old = {key: value for key, value in state.items() if key != "reference_batches"}
+    """A Guard state as loopguard wrote it at ``version``: 1 kept no episode, 1-2 no reference sample, 1-3 no
+    targeted penalty and no ceiling count."""
+    newer = ("penalty", "candidates", "ceiling_steps")
+    old = {key: value for key, value in state.items() if key not in newer}
+    if version == 3:
+        return {**old, "version": 3}
+    old = {key: value for key, value in old.items() if key != "reference_batches"}
     old["config"] = {key: value for key, value in state["config"].items() if key != "reference_steps"}
     old["detectors"] = {
         name: {key: value for key, value in memory.items() if key != "reference"}
@@ -342,10 +347,13 @@ def test_unknown_keys_and_versions_are_refused():
     state = _run(GUARDS["kl_control"](), 8).state_dict()
     with pytest.raises(StateError, match=re.escape("unexpected ['beta_floor']")):
         GUARDS["kl_control"]().load_state_dict({**state, "beta_floor": 0.5})
-    with pytest.raises(StateError, match=re.escape("`state['version']` must be 3, got 4.")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 4})
+    with pytest.raises(StateError, match=re.escape("`state['version']` must be 4, got 5.")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 5})
+    with pytest.raises(StateError, match=re.escape("unexpected ['candidates', 'ceiling_steps', 'penalty']")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 3})  # version 3 had no targeted penalty
+    three = written_by(state, 3)
     with pytest.raises(StateError, match=re.escape("unexpected ['reference_batches']")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 2})  # version 2 had no reference sample
+        GUARDS["kl_control"]().load_state_dict({**three, "version": 2})  # version 2 had no reference sample
     with pytest.raises(StateError, match=re.escape("`state['kind']` must be 'loopguard.LoopGuard'")):
         _loop_factory().load_state_dict({"kind": "loopguard.RewardHackMitigator", "version": 2})
 
@@ -370,7 +378,7 @@ def test_the_loop_guard_state_keeps_the_onset_in_the_guard():
     state = loop.state_dict()
     assert state["version"] == 2
     assert set(state) == {"kind", "version", "guard", "rollbacks"}
-    assert state["guard"]["version"] == 3
+    assert state["guard"]["version"] == 4
     assert state["guard"]["episode"]["onset"] == onset
     twin = _loop_factory()
     twin.load_state_dict(json.loads(json.dumps(state)))
@@ -401,6 +409,15 @@ def test_a_version_1_guard_state_still_loads_with_a_fresh_episode():
     expected = {**guard.state_dict(), "episode": twin.state_dict()["episode"], "reference_batches": 0}
     expected["detectors"] = {name: {**memory, "reference": {}} for name, memory in expected["detectors"].items()}
     assert twin.state_dict() == expected
+
+
+def test_a_version_3_guard_state_resumes_without_a_penalty():
+    guard = _run(GUARDS["kl_control"](), 30)
+    twin = GUARDS["kl_control"]()
+    twin.load_state_dict(written_by(guard.state_dict(), 3))
+    assert twin.penalty is None
+    observation = _healthy(31, np.random.default_rng(1), beta=guard.beta)
+    assert twin.step(observation).scores == guard.step(observation).scores
 
 
 def test_a_version_2_guard_state_resumes_with_the_reference_sample_on():
