@@ -123,10 +123,11 @@ class EscalationLadder:
     * healthy step: action ``"none"``;
     * hacking step: ``"raise_beta"`` (the KL controller does the raising), unless
 
-      * the **targeted rung** (``targeted=True``, the first time :math:`c_t \ge` ``rollback_patience``
-        outside a cooldown, or when the ladder would otherwise stop, if ``can_shape`` is True: the Guard
-        found a feature the reward pays for): ``shape`` is True, the streak resets, and the step is a
-        ``"rollback"`` when one is available (below), else ``"raise_beta"``;
+      * the **targeted rung** (``targeted=True``, once per run): the first hacking step with
+        :math:`c_t \ge` ``shape_patience`` on which ``can_shape`` is True (the Guard found a feature the
+        reward pays for) has ``shape`` True: the penalty goes on while beta is raised, before any rollback
+        (the exploit stops paying, so there is nothing to hold off and nothing lost to roll back). When it
+        comes at a step that would roll back or stop, it rides with the rollback, or replaces the stop;
       * ``"rollback"`` when :math:`c_t \ge` ``rollback_patience``, fewer than ``max_rollbacks`` rollbacks were
         made, ``can_rollback`` is True and the ladder is not in a cooldown. A rollback resets :math:`c_t` to 0
         and starts a cooldown of ``cooldown_steps`` steps, during which there is no other rollback and
@@ -152,6 +153,9 @@ class EscalationLadder:
             beta before it can be judged again).
         targeted: Allow the targeted rung (the Guard switches on a penalty on the feature the reward pays
             for, :mod:`loopguard.targeted`; the adapters subtract it from the trained reward). Default True.
+        shape_patience: Consecutive hacking steps before the targeted rung may act, >= 1. Default 3 (one
+            more than bang-bang's dwell: the signal has tripped, and the premium is measured on more than
+            one batch).
         reanchor: On a rollback, make the restored policy the KL reference (the adapters copy it into
             TRL's ``ref_model``, or the reference model given to a raw loop), so a raised beta holds the
             policy near a good policy rather than near the initial one (Elastic Reset, Noukhovitch et al.
@@ -185,6 +189,7 @@ class EscalationLadder:
     max_rollbacks: int = attrs.field(default=2, validator=integer(lo=0))
     cooldown_steps: int = attrs.field(default=20, validator=integer(lo=0))
     targeted: bool = attrs.field(default=True, validator=boolean())
+    shape_patience: int = attrs.field(default=3, validator=integer(lo=1))
     reanchor: bool = attrs.field(default=True, validator=boolean())
 
     def init(self) -> LadderState:
@@ -316,8 +321,8 @@ class EscalationLadder:
         )
         streak = new_state.consecutive_hacking
         due = streak >= self.rollback_patience and not in_cooldown
-        if can_shape and (due or (not rollback_open and streak >= self.stop_patience)):
-            return self._shape(new_state, rollback_open)
+        if can_shape and streak >= self.shape_patience:
+            return self._shape(new_state, rollback_open and due)
         if due and rollback_open:
             return self._rollback(new_state)
         if not rollback_open and streak >= self.stop_patience:
@@ -366,7 +371,9 @@ class EscalationLadder:
             reason = f"take the pay out of the exploit (a targeted penalty on the reward) and {move.reason}"
             return move._replace(reason=reason, state=shaped, shape=True)
         shaped = attrs.evolve(state, shaped_step=state.step, consecutive_hacking=0)
-        return _Move("raise_beta", RUNG_RAISE, False, f"{what}; no rollback available", shaped, True)
+        in_cooldown = state.cooldown_left > 0
+        rung = RUNG_ROLLBACK if in_cooldown else RUNG_RAISE
+        return _Move("raise_beta", rung, in_cooldown, f"{what}; raise beta", shaped, True)
 
     def _stop(self, state: LadderState) -> _Move:
         """Ask to stop the run (terminal), saying what to try next."""
