@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from loopguard import ConfigError, StateError
-from loopguard.targeted import MAX_TARGETS, Target, TargetedPenalty, premium
+from loopguard.signals import as_token_batch
+from loopguard.targeted import MAX_TARGETS, Target, TargetedPenalty, f_survival, premium, price
 
 
 def test_each_kind_measures_its_feature_by_hand():
@@ -76,3 +77,26 @@ def test_a_target_takes_exactly_its_own_parameter():
         Target(kind="length", threshold=3.0, n=2, rate=1.0, source="length")
     with pytest.raises(ConfigError, match="rate"):
         Target(kind="tokens", token=1, rate=-0.5, source="takeover")
+
+
+def test_f_survival_matches_scipy():
+    from scipy.stats import f
+
+    for x in (0.0, 0.01, 0.3, 1.0, 2.5, 4.0, 10.0, 50.0, 300.0):
+        for d1 in (1, 2, 3, 5, 16):
+            for d2 in (1, 2, 5, 9, 30, 200):
+                assert f_survival(x, d1, d2) == pytest.approx(f.sf(x, d1, d2), abs=1e-12)
+
+
+def test_price_needs_the_reward_to_pay_beyond_noise():
+    rng = np.random.default_rng(0)
+    ids = [[5] * int(k) + [1, 2] for k in rng.integers(0, 3, size=32)]
+    batch = as_token_batch("ids", ids)
+    target = Target(kind="tokens", token=5, rate=0.0, source="takeover")
+    counts = np.array([row.count(5) for row in ids], dtype=float)
+    noise = rng.normal(0, 0.2, size=32)
+    paid = price([target], batch, noise + 0.3 * counts, 4)
+    assert [t.token for t in paid] == [5]
+    assert paid[0].rate == pytest.approx(2 * 0.3, rel=0.3)
+    assert price([target], batch, noise, 4) == []  # noise alone is not a premium
+    assert price([target], as_token_batch("ids", [[5], [5], [5], [5]]), [1.0, 0.0, 1.0, 0.0], 2) is None
