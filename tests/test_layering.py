@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "loopguard.detectors": 2,
     "loopguard.control": 2,
     "loopguard.scoring": 2,
+    "loopguard.targeted": 2,  # the ladder's targeted penalty: priced by the Guard, applied by the adapters
     "loopguard.guard": 3,
     "loopguard.log": 4,
     "loopguard._reward_fn": 4,

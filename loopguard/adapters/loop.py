@@ -33,6 +33,7 @@ import attrs
 from loopguard._saved_state import decode_rollbacks, open_versioned_state
 from loopguard._validation import check_bool, check_int
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
+from loopguard.adapters._respond import reanchor
 from loopguard.adapters._rollback import Parts, RollbackStore, restore_good
 from loopguard.exceptions import ConfigError
 
@@ -57,6 +58,8 @@ class Applied:
         rolled_back_to: The checkpoint step restored (None when there was no rollback).
         stop: Whether the loop must stop now.
         decision: The decision applied (None when no rank observed anything this step).
+        reanchored: Whether the KL reference model now holds the restored policy (a rollback with
+            ``decision.reanchor`` and a reference model given).
     """
 
     action: str
@@ -64,6 +67,7 @@ class Applied:
     rolled_back_to: int | None
     stop: bool
     decision: Decision | None = None
+    reanchored: bool = False
 
 
 def apply_decision(
@@ -77,8 +81,12 @@ def apply_decision(
     ref_model: Any = None,
     before_step: int | None = None,
     sync: RankSync | None = None,
+    reference: Any = None,
 ) -> Applied:
     """Apply one Guard decision to a hand-written loop.
+
+    The ladder's targeted penalty is not applied here: subtract ``guard.penalty(completion_ids)`` (when not
+    None) from the rewards the loop trains on, and keep giving the Guard the raw rewards.
 
     Args:
         decision: From ``Guard.step`` (identical on every rank when it came from :class:`LoopGuard`).
@@ -93,6 +101,9 @@ def apply_decision(
             Guard's ``decision.restore_before``, the hack's onset).
         sync: Rank synchronisation (default: a :class:`RankSync`, which does nothing in a single process).
             Newer checkpoints are discarded by rank 0 only.
+        reference: The KL reference model the loop measures its KL against: on a rollback with
+            ``decision.reanchor`` (the ladder's default) its weights become the restored policy's, so a
+            raised beta holds the policy near a good one. Default: ``ref_model`` (if given).
 
     Returns:
         An :class:`Applied`; the loop stops when ``stop`` is True.
@@ -126,7 +137,10 @@ def apply_decision(
             lambda discard: restore_good(checkpoint, parts, before_step=before, discard_newer=discard),
             main=sync.is_main,
         )
-    return Applied(decision.action, beta, restored, decision.action == "stop", decision)
+    anchored = False
+    if restored is not None and decision.reanchor:
+        anchored = reanchor(model, reference if reference is not None else ref_model)
+    return Applied(decision.action, beta, restored, decision.action == "stop", decision, anchored)
 
 
 def _restore_before(decision: Decision) -> int:
@@ -185,6 +199,23 @@ class LoopGuard:
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
 
+    def save_start(
+        self, model: Any, *, optimizer: Any = None, scheduler: Any = None, ref_model: Any = None
+    ) -> None:
+        """Keep the policy training starts from as the good checkpoint of step 0 (call before training).
+
+        It is the rollback target of a flaw that pays from the first step, before any later checkpoint can
+        be confirmed good. Needs ``checkpoint_every`` (the store); the main process writes.
+
+        Raises:
+            ConfigError: no store (``checkpoint_every`` was not given).
+        """
+        if self._store is None:
+            msg = "`save_start` needs the rollback store: give LoopGuard checkpoint= and checkpoint_every=."
+            raise ConfigError(msg)
+        parts = Parts(model, optimizer, scheduler, ref_model)
+        self._store.save_initial(parts, main=self.sync.is_main, extra_state=self.state_dict)
+
     @property
     def onset(self) -> int | None:
         """The step of the first non-OK verdict of the current episode (None when healthy): the Guard's."""
@@ -203,13 +234,17 @@ class LoopGuard:
         scheduler: Any = None,
         ref_model: Any = None,
         step: int | None = None,
+        reference: Any = None,
     ) -> Applied:
         """Observe (None: this rank has nothing this step), decide on every rank alike, apply the decision.
 
         ``step`` (default: the observation's) is the current step: where a new episode would begin when
         asking whether a rollback is possible, and the step a checkpoint is saved as. Call this on every
         rank at every step, after the optimizer step; ``model`` (and the optimizer, scheduler and a drifting
-        reference model) receive a restore and are saved at ``checkpoint_every``.
+        reference model) receive a restore and are saved at ``checkpoint_every``. ``reference`` (default:
+        ``ref_model``) is the KL reference re-anchored on the restored policy after a rollback (see
+        :func:`apply_decision`); subtract ``guard.penalty(completion_ids)`` from the trained rewards once the
+        ladder switches the targeted penalty on.
         """
         now = step if step is not None else (observation.step if observation is not None else 0)
         target = self.guard.rollback_target(now)
@@ -219,12 +254,12 @@ class LoopGuard:
         parts = None if model is None else Parts(model, optimizer, scheduler, ref_model)
         applied = Applied("none", None, None, False, None)
         if decision is not None:
-            applied = self._apply(decision, parts)
+            applied = self._apply(decision, parts, reference)
         if self._store is not None and parts is not None:
             self._store.save(int(now), parts, main=self.sync.is_main, extra_state=self.state_dict)
         return applied
 
-    def _apply(self, decision: Decision, parts: Parts | None) -> Applied:
+    def _apply(self, decision: Decision, parts: Parts | None, reference: Any = None) -> Applied:
         applied = apply_decision(
             decision,
             set_beta=self.set_beta,
@@ -234,6 +269,7 @@ class LoopGuard:
             scheduler=None if parts is None else parts.scheduler,
             ref_model=None if parts is None else parts.ref_model,
             sync=self.sync,
+            reference=reference,
         )
         self.last_decision = decision
         if applied.stop:

@@ -9,6 +9,7 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
@@ -314,3 +315,32 @@ def test_a_version_2_mitigator_state_still_loads_and_gives_its_onset_to_the_guar
         RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3)).load_state_dict(
             {**state, "onset": 4}
         )
+
+
+def test_the_one_liner_prices_the_echo_penalises_it_and_rolls_back_with_a_re_anchored_reference(
+    model_dir, tokenizer, tmp_path
+):
+    """The echo bonus pays from step 0: the default ladder switches a targeted penalty on, the trained reward
+    drops below the raw one the Guard keeps reading, and the rollback re-anchors TRL's reference model."""
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(0)], max_steps=22, beta=0.01)
+    mitigator = RewardHackMitigator()
+    trained = []
+    spy = Spy(probe=lambda t, _state: float(np.mean(t._logs["rewards"]["echo_reward"])))
+    spy.trainer = trainer
+    trainer.add_callback(mitigator)
+    trainer.add_callback(spy)
+    trainer.train()
+    records = _records(tmp_path)
+    shaped = next(r for r in records if "Targeted penalty on the trained reward" in r["explanation"])
+    penalty = mitigator.guard.penalty
+    assert penalty is not None
+    assert shaped["step"] < 15  # after shape_patience hacking steps, long before the rollback
+    for record in records:
+        if record["step"] > shaped["step"]:
+            trained.append(record["reward_mean"] - spy.probes[record["step"]])  # the Guard reads the raw reward
+    assert min(trained) >= -1e-6  # the penalty only ever lowers the trained reward
+    assert max(trained) > 0.5  # and while the echo lasts, by a lot
+    rollback = next(r for r in records if r["action"] == "rollback")
+    assert rollback["extra"]["adapter"]["rolled_back_to"] == 0  # the starting policy: the flaw paid from step 0
+    assert rollback["extra"]["adapter"]["reanchored"] is True
+    assert "The restored policy becomes the KL reference." in rollback["explanation"]

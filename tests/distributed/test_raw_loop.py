@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import runpy
 
 import attrs
@@ -93,3 +94,37 @@ def test_raw_loop_example_keeps_gold_higher_than_the_plain_loop():
     assert max(guarded["betas"]) > guarded["betas"][0]
     assert guarded["gold"] > plain["gold"] + 0.2
     assert plain["x_share"] > 0.8
+
+
+def test_a_rollback_re_anchors_the_reference_on_the_restored_policy():
+    torch.manual_seed(0)
+    model, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    manager = CheckpointManager(in_memory=True)
+    loop = LoopGuard(
+        Guard(mode="kl_control", warmup_steps=3, beta=0.1, ladder=EscalationLadder(rollback_patience=2)),
+        checkpoint=manager,
+        checkpoint_every=100,
+    )
+    loop.save_start(model)  # the starting policy: good at once, the target of a flaw from step 0
+    assert manager.good_steps() == (0,)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)  # training moved the policy on
+    decision = Guard(mode="kl_control", warmup_steps=3, beta=0.1).step(healthy(0))
+    rollback = attrs.evolve(decision, step=9, action="rollback", restore_before=5, reanchor=True)
+    applied = apply_decision(rollback, checkpoint=manager, model=model, reference=reference)
+    assert applied.rolled_back_to == 0
+    assert applied.reanchored
+    for key, value in start.items():
+        assert torch.equal(model.state_dict()[key], value)
+        assert torch.equal(reference.state_dict()[key], value)
+    kept = attrs.evolve(rollback, reanchor=False)
+    other = torch.nn.Linear(2, 2)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    assert not apply_decision(kept, checkpoint=manager, model=model, reference=other).reanchored
+    assert all(torch.equal(other.state_dict()[k], v) for k, v in before.items())
+
+
+def test_save_start_needs_the_store():
+    with pytest.raises(ConfigError, match=re.escape("`save_start` needs the rollback store")):
+        LoopGuard(Guard(mode="log_only")).save_start(torch.nn.Linear(2, 2))
