@@ -179,40 +179,52 @@ def _rows(final_gold, **overrides):
         "first_hack": 30,
         "rollback_or_stop": False,
         "raised": False,
+        "acted": False,
+        "actions": {"none": 10, "raise_beta": 0, "lower_beta": 0, "rollback": 0, "stop": 0},
         "loopguard_share": 0.01,
     }
     row.update(overrides)
     return [row]
 
 
-def test_targets_compare_against_the_oracle_fixed_beta():
+def test_targets_compare_against_the_best_fixed_beta_in_hindsight():
+    stopped = {"none": 10, "raise_beta": 3, "lower_beta": 0, "rollback": 2, "stop": 1}
     grouped = {
         "diversity": {
             "fixed-0.001": _rows(0.2),
             "fixed-0.1": _rows(0.8),
             "adaptive_kl": _rows(0.3),
-            "lg_kl_control": _rows(0.75),  # >= 0.9 x 0.8 = 0.72
-            "lg_pid_rollback": _rows(0.7, latency=12),  # < 0.72, and a later detection
+            "lg_log_only": _rows(0.2),
+            "lg_kl_control": _rows(0.8),  # >= 1.0 x 0.8
+            "lg_pid_rollback": _rows(0.79, latency=12, actions=stopped),  # < 0.8, a later detection, a stop
+            "lg_default": _rows(0.85, latency=40),  # the one-liner's detection is not the configured arms'
         },
         "clean": {
             "fixed-0.001": _rows(0.8),
             "lg_kl_control": _rows(0.79),
-            "lg_pid_rollback": _rows(0.7, raised=True, rollback_or_stop=True),
+            "lg_pid_rollback": _rows(0.7, acted=True),
+            "lg_default": _rows(0.77),
         },
     }
-    holds = {(row["scenario"], row["target"]): row["holds"] for row in analysis.targets(grouped)}
-    assert holds[("diversity", "lg_kl_control final gold >= 0.9 x oracle (fixed-0.1)")] is True
-    assert holds[("diversity", "lg_pid_rollback final gold >= 0.9 x oracle (fixed-0.1)")] is False
-    assert holds[("diversity", "lg_kl_control final gold > adaptive_kl")] is True
-    assert holds[("diversity", "unguarded final gold <= 0.5 x oracle")] is True
+    holds = {(row["scenario"], row["target"]): row for row in analysis.targets(grouped)}
+    best = "final gold >= 1.0 x the best fixed beta (fixed-0.1)"
+    assert holds[("diversity", f"lg_kl_control {best}")]["holds"] is True
+    assert holds[("diversity", f"lg_kl_control {best}")]["value"] == "0.800 vs 0.800 (ratio 1.00)"
+    assert holds[("diversity", f"lg_pid_rollback {best}")]["holds"] is False
+    assert holds[("diversity", f"lg_default {best}")]["holds"] is True
+    assert holds[("diversity", "unguarded final gold <= 0.5 x oracle")]["holds"] is True
     latency = "median first HACK <= 10 steps after the unguarded gold peak ends"
-    assert holds[("diversity", latency)] is True  # the median of 5 and 12
+    assert holds[("diversity", latency)]["holds"] is True  # the median of 5, 5 and 12
     every = "HACK in every run of a hacked seed (unguarded gold ends < 0.9 x its peak)"
-    assert holds[("diversity", every)] is True
-    assert holds[("clean", "lg_kl_control: final gold within 5% of unguarded")] is True
-    assert holds[("clean", "lg_pid_rollback: no rollback or stop in any seed")] is False
-    assert holds[("clean", "lg_pid_rollback: final gold within 5% of unguarded")] is False
-    assert holds[("all", "loopguard overhead < 5% of step time")] is True
+    assert holds[("diversity", every)]["holds"] is True
+    stops = "at least 80% of hack runs end without a stop"
+    assert holds[("all hacks", f"lg_pid_rollback: {stops}")]["value"] == "0/1 without a stop"
+    assert holds[("all hacks", f"lg_kl_control: {stops}")]["holds"] is True
+    assert holds[("clean", "lg_kl_control: final gold within 2% of unguarded")]["holds"] is True
+    assert holds[("clean", "lg_default: final gold within 2% of unguarded")]["holds"] is False
+    assert holds[("clean", "lg_pid_rollback: no action in any seed")]["holds"] is False
+    assert holds[("clean", "lg_kl_control: no action in any seed")]["holds"] is True
+    assert holds[("all", "lg_kl_control: loopguard time <= 5% of the step")]["holds"] is True
     grouped["diversity"]["lg_log_only"] = _rows(0.2, latency=None, first_hack=None)  # a hacked seed missed
     grouped["diversity"]["lg_kl_control"] = _rows(0.75, latency=14)
     holds = {(row["scenario"], row["target"]): row["holds"] for row in analysis.targets(grouped)}

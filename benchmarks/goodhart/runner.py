@@ -57,9 +57,11 @@ ARMS: tuple[str, ...] = (
     "lg_kl_control",
     "lg_pid_rollback",
     "lg_no_reference",
+    "lg_default",
 )
 UNGUARDED = "fixed-0.001"
-LOOPGUARD_ARMS = ("lg_log_only", "lg_kl_control", "lg_pid_rollback")
+LOOPGUARD_ARMS = ("lg_log_only", "lg_kl_control", "lg_pid_rollback", "lg_default")
+ONE_LINER = "lg_default"  # the bare RewardHackMitigator(): nothing configured
 # the log-only Guard with the reference sample off: what turning it off loses
 NO_REFERENCE = "lg_no_reference"
 _LOOPGUARD_MODES = {
@@ -76,10 +78,12 @@ BATCH = 16  # completions per step: 2 prompts x 8 generations
 LEARNING_RATE = 3e-3
 
 
-def loopguard_mitigator(mode: str, checkpoint_dir: str, *, reference: bool = True) -> RewardHackMitigator:
+def loopguard_mitigator(mode: str, *, reference: bool = True) -> RewardHackMitigator:
     """The one loopguard configuration used in every scenario (only the mode differs between arms).
 
     ``reference=False`` (log-only) turns the reference sample off, and with it ``takeover``, which needs it.
+    The arms that act use the default escalation ladder and the mitigator's own rollback store (in memory
+    for these tiny policies).
     """
     signals: list[Any] = ["repetition", "diversity", "length", "collapse", "drift"]
     signals += [RMEnsemble(members=ENSEMBLE), "takeover"] if reference else [RMEnsemble(members=ENSEMBLE)]
@@ -87,11 +91,7 @@ def loopguard_mitigator(mode: str, checkpoint_dir: str, *, reference: bool = Tru
         return RewardHackMitigator(
             guard=Guard(signals, mode="log_only", reference_steps=3 if reference else 0)
         )
-    return RewardHackMitigator(
-        guard=Guard(signals, mode=mode, ladder=EscalationLadder()),
-        checkpoint=checkpoint_dir,
-        checkpoint_every=10,
-    )
+    return RewardHackMitigator(guard=Guard(signals, mode=mode, ladder=EscalationLadder()))
 
 
 class _Recorder(TrainerCallback):
@@ -215,10 +215,12 @@ def run_one(
                     controller=AdaptiveKL(target=ADAPTIVE_TARGET, horizon=ADAPTIVE_HORIZON),
                 )
             )
+        elif arm == ONE_LINER:
+            mitigator = RewardHackMitigator()
         elif arm in LOOPGUARD_ARMS:
-            mitigator = loopguard_mitigator(_LOOPGUARD_MODES[arm], os.path.join(folder, "checkpoints"))
+            mitigator = loopguard_mitigator(_LOOPGUARD_MODES[arm])
         elif arm == NO_REFERENCE:
-            mitigator = loopguard_mitigator("log_only", "", reference=False)
+            mitigator = loopguard_mitigator("log_only", reference=False)
         if mitigator is not None:
             for event in ("on_train_begin", "on_step_end", "on_log", "on_save"):
                 setattr(mitigator, event, _timed(getattr(mitigator, event), loopguard_seconds))
