@@ -1540,6 +1540,8 @@ class Guard:
             if self.ladder is not None and self.ladder.reanchor:
                 parts.append("The restored policy becomes the KL reference.")
         if ladder_out is not None and ladder_out.shape and self._penalty is not None:
+            if action != "rollback":
+                parts.append(ladder_out.reason[:1].upper() + ladder_out.reason[1:] + ".")
             parts.append(
                 f"Targeted penalty on the trained reward (the Guard keeps reading the raw reward): "
                 f"{self._penalty.describe()}."

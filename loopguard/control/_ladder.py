@@ -363,12 +363,12 @@ class EscalationLadder:
         """Switch the targeted penalty on (with a rollback when one is available); the streak resets."""
         what = (
             f"hacking persisted for {steps_text(state.consecutive_hacking)} in a row while beta was raised: "
-            "take the pay out of the exploit (targeted penalty on the trained reward)"
+            "take the pay out of the exploit with a targeted penalty"
         )
         if rollback_open:
             move = self._rollback(state)
             shaped = attrs.evolve(move.state, shaped_step=state.step)
-            reason = f"take the pay out of the exploit (a targeted penalty on the reward) and {move.reason}"
+            reason = f"take the pay out of the exploit with a targeted penalty, and {move.reason}"
             return move._replace(reason=reason, state=shaped, shape=True)
         shaped = attrs.evolve(state, shaped_step=state.step, consecutive_hacking=0)
         in_cooldown = state.cooldown_left > 0
