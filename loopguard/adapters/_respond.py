@@ -109,6 +109,8 @@ def penalise_rewards(trainer: Any, guard: Guard) -> str | None:
     if not callable(fn) or (hasattr(fn, "config") and hasattr(fn, "forward")):
         return None  # a reward model (nn.Module): TRL calls it on tokenized inputs, not through kwargs
 
+    already_logs = hasattr(fn, "last_call")  # loopguard.shape_reward: its unshaped values are the raw reward
+
     def finish(_prepared: Any, _args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         penalty = guard.penalty
         ids = kwargs.get("completion_ids")
@@ -116,7 +118,7 @@ def penalise_rewards(trainer: Any, guard: Guard) -> str | None:
             return output
         raw = [None if value is None else float(value) for value in output]
         log_extra = kwargs.get("log_extra")
-        if callable(log_extra):
+        if callable(log_extra) and not already_logs:  # a shape_reward wrapper logs its own unshaped values
             log_extra(f"{name}/unshaped", raw)
         if penalty is None:
             return output

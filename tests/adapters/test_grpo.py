@@ -344,3 +344,18 @@ def test_the_one_liner_prices_the_echo_penalises_it_and_rolls_back_with_a_re_anc
     assert rollback["extra"]["adapter"]["rolled_back_to"] == 0  # the starting policy: the flaw paid from step 0
     assert rollback["extra"]["adapter"]["reanchored"] is True
     assert "The restored policy becomes the KL reference." in rollback["explanation"]
+
+
+def test_the_guard_scores_the_unshaped_reward_when_the_ladder_wraps_a_shaped_one(
+    model_dir, tokenizer, tmp_path
+):
+    def proxy(completions, **kwargs):
+        return [float(len(text.split())) for text in completions]
+
+    shaped = shape_reward(proxy, "length", 0.5, target_length=2)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [shaped], max_steps=3)
+    trainer.add_callback(RewardHackMitigator(guard=Guard(ladder=EscalationLadder(), warmup_steps=3)))
+    trainer.train()
+    assert getattr(trainer.reward_funcs[0], "__loopguard_penalised__", False)
+    for record in _records(tmp_path):  # the raw reward is the word count: its mean is the mean length
+        assert record["reward_mean"] == pytest.approx(record["length_mean"])
