@@ -17,15 +17,17 @@ Two arms start from the same weights and seed. The guarded arm adds one callback
     trainer.add_callback(RewardHackMitigator(
         guard=Guard(
             mode="kl_control",                                          # raise beta while the hack lasts
-            ladder=EscalationLadder(max_rollbacks=1, stop_patience=5),  # then roll back once, then stop
+            ladder=EscalationLadder(max_rollbacks=1, stop_patience=5),  # penalty, rollback, stop last
         ),
         checkpoint=".../rollback_checkpoints",                          # where rollback checkpoints go
     ))
 
-The bug never goes away, so raising beta suppresses the hack only while beta stays high: when loopguard
-relaxes beta back to the user's 0.04, the policy finds the bug again. The escalation ladder then rolls back to
-the last good checkpoint once and, when the hack returns a second time, stops the run with the last good
-weights restored. The plain arm trains for as many steps as the guarded arm ran.
+The bug never goes away. loopguard's first raise of beta is sized from the step's measured KL (one step to
+an effective beta, not a ramp of x1.5 per step), and the escalation ladder prices what the proxy pays for the
+echo on the raw rewards and switches a targeted penalty on the trained reward, so the bug stops paying; beta
+then relaxes back to the user's 0.04 without the hack returning. Had it persisted, the ladder would roll back
+to the last good checkpoint once and then stop with the last good weights restored. The plain arm trains for
+as many steps as the guarded arm ran.
 
 After training, each policy samples completions for held-out prompts; the script prints the proxy reward (bug
 included), the gold reward and beta, before and after training, the mean gold reward of the training batches
