@@ -156,15 +156,7 @@ class RollbackStore:
             self.manager.mark_good(pending)
         if (self.guard is not None and not self.guard.healthy) or not main:
             return
-        self.manager.save(
-            step,
-            parts.model,
-            parts.optimizer,
-            parts.scheduler,
-            ref_model=parts.ref_model,
-            rng=True,
-            extra_state=None if extra_state is None else extra_state(),
-        )
+        self._write(step, parts, extra_state)
         if self.guard is None:
             self.manager.mark_good(step)
         else:
@@ -181,8 +173,12 @@ class RollbackStore:
         """
         if not main or 0 in self.manager.steps():
             return
+        self._write(0, parts, extra_state)
+        self.manager.mark_good(0)
+
+    def _write(self, step: int, parts: Parts, extra_state: Callable[[], dict[str, Any]] | None) -> None:
         self.manager.save(
-            0,
+            step,
             parts.model,
             parts.optimizer,
             parts.scheduler,
@@ -190,7 +186,6 @@ class RollbackStore:
             rng=True,
             extra_state=None if extra_state is None else extra_state(),
         )
-        self.manager.mark_good(0)
 
     def rollback(self, parts: Parts, *, before_step: int, discard_newer: bool) -> int:
         """Restore the newest good checkpoint saved before ``before_step`` into ``parts``; its step."""
