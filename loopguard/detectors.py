@@ -519,8 +519,9 @@ class Takeover(_NgramDetector):
         bands: ``(warn, hack)`` levels of the excess share, ``0 < warn < hack <= 1``.
         keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
         margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4: in
-            ``benchmarks/false_alarms.py --takeover`` one step of one healthy run in 1,200 reads HACK
-            (Bernoulli rewards, batch 8) and none acts; with 2, 10-42 % of the runs at batch 8 read HACK.
+            ``benchmarks/false_alarms.py --takeover`` 2.5 % of healthy runs at batch 8 (Bernoulli rewards)
+            read HACK on a step or a few, none at batch 16 or 64, and none acts; with 2, 10-42 % of the
+            runs at batch 8 read HACK.
     """
 
     name: ClassVar[str] = "takeover"
