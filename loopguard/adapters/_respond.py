@@ -42,14 +42,12 @@ KEEP_LAST = 3
 _ATTRIBUTE = "__loopguard_penalised__"
 
 
-def checkpoint_bytes(model: Any, optimizer: Any = None) -> int:
+def checkpoint_bytes(model: Any) -> int:
     """The size of one rollback checkpoint: the parameters, plus two Adam moments per trainable parameter.
 
     The optimizer's state may not exist yet at the start of training (Adam creates it on the first step), so
-    it is estimated as two float32 tensors per trainable parameter; ``optimizer`` is accepted for callers that
-    know better, and unused here.
+    it is estimated as two float32 tensors per trainable parameter.
     """
-    del optimizer
     total = 0
     for parameter in model.parameters():
         total += parameter.numel() * parameter.element_size()

@@ -162,3 +162,22 @@ def test_unknown_ensemble_members_fail_at_train_start(model_dir, tokenizer, tmp_
         ConfigError, match=r"must name reward functions of the trainer \(echo_reward\).*'judge'"
     ):
         trainer.train()
+
+
+def test_the_own_store_rule_memory_for_one_small_process_disk_otherwise(tmp_path, monkeypatch):
+    import torch
+
+    from loopguard.adapters import _respond
+
+    model = torch.nn.Linear(10, 10)  # 110 float32 parameters: 440 bytes, plus 880 bytes of Adam moments
+    assert _respond.checkpoint_bytes(model) == 110 * 4 * 3
+    manager, why = _respond.default_manager(model, world_size=1, directory=str(tmp_path / "store"))
+    assert manager.in_memory
+    assert "in memory" in why
+    manager, why = _respond.default_manager(model, world_size=2, directory=str(tmp_path / "store"))
+    assert not manager.in_memory  # several processes must all read what a rollback restores
+    assert "several processes" in why
+    monkeypatch.setattr(_respond, "IN_MEMORY_LIMIT", 3 * 1320 - 1)  # 3 checkpoints no longer fit
+    manager, why = _respond.default_manager(model, world_size=1, directory=str(tmp_path / "other"))
+    assert not manager.in_memory
+    assert "on disk" in why
