@@ -936,7 +936,7 @@ class RewardHackMitigator(_Observer):
             try:
                 unwrap = getattr(getattr(self._trainer, "accelerator", None), "unwrap_model", None)
                 out["reanchored"] = reanchor(self._trainer.model, self._ref_model, unwrap)
-            except Exception as error:
+            except Exception as error:  # the failure policy (module docs): loud every time
                 self._failed("reanchor", error, int(decision.step))
                 out["reanchor_error"] = f"{type(error).__name__}: {error}"
         return out
