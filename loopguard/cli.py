@@ -41,8 +41,27 @@ __all__ = ["main"]
 _MAX_PROMPT_FILE_BYTES = 1 << 30
 
 
+def _version() -> str:
+    """``loopguard <version>``: the installed distribution's version (``loopguard.__version__`` reads it)."""
+    import loopguard
+
+    return f"loopguard {loopguard.__version__}"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print the version and exit 0 (read only when asked: importlib.metadata costs ~10 ms)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        print(_version())
+        parser.exit()
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="loopguard", description="loopguard command-line tools.")
+    parser.add_argument("--version", action=_VersionAction, help="print the version of loopguard and exit")
     commands = parser.add_subparsers(dest="command", required=True)
     idpo = commands.add_parser(
         "iterative-dpo",
