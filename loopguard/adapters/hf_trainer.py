@@ -84,6 +84,7 @@ from loopguard.adapters._beta import (
     resolve_accessor,
 )
 from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, move_first
+from loopguard.adapters._console import Console, alert, takes_text
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
 from loopguard.adapters._respond import default_manager, penalise_rewards, reanchor
@@ -140,6 +141,7 @@ ACTION_CODES: dict[str, float] = {
 
 _ECHO_CODES: dict[str, float] = {"OK": 0.0, "WARN": 1.0, "TRAP": 2.0}
 _ON_ERROR = ("warn", "raise")
+_TEXT_LIMIT = 100  # transformers' ProgressCallback prints no string value longer than this
 OnError = Literal["warn", "raise"]
 _STATE_KEYS = ("kind", "version", "mode", "beta", "guard", "rollbacks", "run")
 _STATE_KEYS_V2 = ("kind", "version", "mode", "beta", "guard", "rollbacks", "onset", "run")  # the Guard's now
@@ -162,6 +164,7 @@ class _Bound(TrainerCallback):
         self.on_error: OnError = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
         self.errors = 0
         self._failed_since_log = False
+        self._console = Console()
         if trainer is not None:
             self.bind(trainer)
 
@@ -229,16 +232,35 @@ class _Bound(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         """Set up; anything that keeps the callback from working stops the run here, before the first step."""
+        self._console.open(self._trainer, args, state)  # the trainer's log level from here on
         try:
             self._start(args, state)
         except LoopguardError:
+            self._console.close()
             raise
         except Exception as error:  # never silently off: a callback that cannot start stops the run
+            self._console.close()
             msg = (
                 f"{type(self).__name__} could not start, so training does not start without it: "
                 f"{type(error).__name__}: {error}"
             )
             raise ConfigError(msg) from error
+        self._console.trainer = self._trainer
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        """Say how the run went (:meth:`_end`), then give the ``loopguard`` logger back."""
+        try:
+            if self._ready:
+                self._end(args, state)
+        except Exception as error:  # the failure policy (module docs)
+            self._failed("on_train_end", error, int(state.global_step))
+        finally:
+            self._console.close()
+
+    def _end(self, args: TrainingArguments, state: TrainerState) -> None:
+        """What the callback says when training ends (subclasses)."""
 
     def on_log(
         self,
@@ -253,12 +275,19 @@ class _Bound(TrainerCallback):
             return
         try:
             _inject(state, logs, self._log_metrics())
+            text = self._log_text()
+            if text and takes_text(self._trainer):
+                _inject(state, logs, text)
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_log", error, int(state.global_step))
 
     def _log_metrics(self) -> dict[str, float]:
         """The metrics of one training log (default: ``<prefix>/active`` and ``<prefix>/errors``)."""
         return self._active_metrics(self._metric_prefix)
+
+    def _log_text(self) -> dict[str, str]:
+        """Text for the trackers that take it (none by default)."""
+        return {}
 
     def _active_metrics(self, prefix: str) -> dict[str, float]:
         """``<prefix>/active`` (0 after a failure since the last log) and ``<prefix>/errors`` (a count)."""
@@ -333,7 +362,7 @@ def _is_eval_log(logs: Mapping[str, Any]) -> bool:
     return any(str(key).startswith(("eval_", "test_")) for key in logs)
 
 
-def _inject(state: TrainerState, logs: dict[str, Any], metrics: Mapping[str, float]) -> None:
+def _inject(state: TrainerState, logs: dict[str, Any], metrics: Mapping[str, Any]) -> None:
     """Put ``metrics`` into the ``logs`` every later callback sees, and into the log history entry."""
     logs.update(metrics)
     history = getattr(state, "log_history", None)
@@ -344,6 +373,29 @@ def _inject(state: TrainerState, logs: dict[str, Any], metrics: Mapping[str, flo
         and all(key in entry for key in logs if key not in metrics)
     ):
         entry.update(metrics)
+
+
+def _status(decision: Decision, previous: str) -> str:
+    """``OK -> HACK (vote 0.62: takeover 0.91, repetition 0.44); raised beta 0.001 -> 0.21``."""
+    top = sorted(decision.scores.items(), key=lambda item: -item[1])[:3]
+    signals = ", ".join(f"{name} {score:.2f}" for name, score in top if score >= WARN_LEVEL)
+    verdict = decision.verdict if previous == decision.verdict else f"{previous} -> {decision.verdict}"
+    text = f"{verdict} (vote {decision.vote:.2f}{': ' + signals if signals else ''})"
+    before, after = decision.beta_before, decision.beta_after
+    if decision.action in ("raise_beta", "lower_beta") and before is not None and after is not None:
+        verb = "raised" if decision.action == "raise_beta" else "lowered"
+        text += f"; {verb} beta {before:.3g} -> {after:.3g}"
+    elif decision.action == "rollback":
+        text += "; rolling back"
+    elif decision.action == "stop":
+        text += "; stopping the run"
+    return text
+
+
+def _joined(events: Sequence[str], kept: Sequence[str]) -> str:
+    """The ``kept`` newest of ``events`` in one line, with how many earlier ones were left out."""
+    dropped = len(events) - len(kept)
+    return (f"(+{dropped} earlier) " if dropped else "") + "; ".join(kept)
 
 
 def _worse(current: float | None, new: float) -> float:
@@ -414,8 +466,13 @@ class RewardHackMitigator(_Observer):
     Every decision goes to ``mitigation_log.jsonl`` (main process) and, at each logging step, ``loopguard/*``
     metrics go into the trainer's logs: ``beta``, ``verdict`` (0 OK, 1 WARN, 2 HACK: the worst since the last
     logging step), ``vote``, ``action`` (0 none, 1 lower_beta, 2 raise_beta, 3 rollback, 4 stop: the worst
-    since the last logging step), ``score/<signal>`` (0 while warming up or when the signal had no input),
-    ``warming_up``, ``rollbacks``, ``active`` (0 after a failure since the last log) and ``errors``. The
+    since the last logging step), ``score/<signal>`` (absent while the signal has measured nothing: warming up,
+    or no input), ``warming_up``, ``rollbacks``, ``active`` (0 after a failure since the last log) and
+    ``errors``; and ``loopguard/status``, the status lines since the last log as text, when the trainer
+    reports to TensorBoard, W&B or trackio. While training runs, the ``loopguard`` logger follows the
+    trainer's ``log_level`` (status lines at the end of the warm-up, at each verdict change and action, an
+    end-of-run summary; see ``adapters/_console.py``), the progress bar shows the verdict and beta, and W&B /
+    trackio get an alert at the first HACK of an episode, a rollback and a stop (``alerts=False``: none). The
     state is written to ``loopguard_state.json`` in each ``checkpoint-N`` and read back on
     ``resume_from_checkpoint``, with the run identity (``run_id``; ``loopguard_run.json``) that scopes the
     rollback store and the log records (see ``docs/trl.md``).
@@ -462,6 +519,8 @@ class RewardHackMitigator(_Observer):
         rollback: With ``mode`` (or neither): ``False`` for beta-only control (no ladder: no rollback, no
             targeted penalty, no stop); None (default) keeps the ladder. Must be None with ``guard``, whose
             ladder decides.
+        alerts: Raise an alert on the run's W&B or trackio tracker (``alert(title, text, level)``) at the
+            first HACK of an episode, at a rollback and at a stop. Default True; False: no alerts.
 
     Raises:
         ConfigError, LoopguardTypeError: at construction for a bad argument, both ``mode`` and ``guard``, an
@@ -500,9 +559,11 @@ class RewardHackMitigator(_Observer):
         on_error: OnError = "warn",
         trainer: Any = None,
         rollback: bool | None = None,
+        alerts: bool = True,
     ) -> None:
         """Validate the configuration (see the class docstring)."""
         on_error = check_choice("on_error", on_error, _ON_ERROR)  # type: ignore[assignment]
+        self.alerts = check_bool("alerts", alerts)
         if rollback is not None:
             rollback = check_bool("rollback", rollback)
         self.guard = _guard_of(mode, guard, on_error, rollback)
@@ -556,6 +617,9 @@ class RewardHackMitigator(_Observer):
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
         self._since_log: dict[str, float] = {}
+        self._shown: str | None = None  # the verdict of the last status line (None: warm-up not over)
+        self._last_action = "none"
+        self._events: list[str] = []  # status lines since the last log, for trackers that take text
         self._sync = RankSync()
         self.run_id: str | None = None
         self._run: Run | None = None
@@ -658,6 +722,8 @@ class RewardHackMitigator(_Observer):
             )
             raise ConfigError(msg)
         self._members = self._ensemble_members(trainer)
+        if mode != "log_only" and isinstance(self._source, MetricSource):
+            self._warn_no_vote(trainer)
         run = resolve_run(trainer, args, state, self._resume_from, self._sync)
         self._run, self.run_id = run, run.id
         self._setup_store(trainer, args, state, run)
@@ -669,6 +735,28 @@ class RewardHackMitigator(_Observer):
         self._resume(args, state)
         self._log_session(state, run)
         self._ready = True
+        names = ", ".join(detector.name for detector in self.guard.detectors)
+        beta = "" if self.beta is None else f", beta {self.beta:g}"
+        self._console.status(
+            logging.INFO,
+            f"loopguard: watching {names} (mode {mode}{beta}); warm-up {self.guard.warmup_steps} steps.",
+        )
+
+    def _warn_no_vote(self, trainer: Any) -> None:
+        """A KL-changing mode on a trainer that shows loopguard only its logged metrics: nothing can vote."""
+        voters = [d.name for d in self.guard.detectors if d.role == "primary"]
+        message = (
+            f"loopguard: {type(trainer).__name__} shows loopguard only its logged metrics (the reward, KL "
+            f"and entropy; no completions), and no signal of this Guard that can vote reads those "
+            f"(voting signals: {', '.join(voters) or 'none'}), so mode={self.guard.mode!r} will never "
+            "change beta: the loopguard/* metrics are logged, nothing else. Offline DPO trains on fixed "
+            "pairs and has no rollouts to watch. To control beta, train on rollouts that loopguard reads: "
+            "GRPO / RLOO, or online DPO with its judge or reward model wrapped in loopguard.tap(...) "
+            "(taps=[...]), scored by a GoldAudit(gold_fn=...) judge or an RMEnsemble of reward models. "
+            "Pass mode='log_only' to only log."
+        )
+        logger.warning(message)
+        self._warn_once("no_vote", message)
 
     def _log_session(self, state: TrainerState, run: Run) -> None:
         """A ``start`` or ``resume`` record: where this session begins on the run's timeline."""
@@ -893,7 +981,8 @@ class RewardHackMitigator(_Observer):
         elif decision.action == "rollback":
             logger.warning("loopguard: %s", decision.explanation)
         elif decision.action != "none":
-            logger.info("loopguard: %s", decision.explanation)
+            logger.debug("loopguard: %s", decision.explanation)
+        self._announce(decision)
         self.last_decision = decision
         self._since_log["verdict"] = _worse(self._since_log.get("verdict"), VERDICT_CODES[decision.verdict])
         self._since_log["action"] = _worse(self._since_log.get("action"), ACTION_CODES[decision.action])
@@ -902,6 +991,48 @@ class RewardHackMitigator(_Observer):
                 decision, mode=self.guard.mode, observation=observation, guard=self.guard, run=self.run_id
             )
             self._log.append(attrs.evolve(record, extra={**dict(record.extra or {}), "adapter": extra}))
+
+    def _announce(self, decision: Decision) -> None:
+        """Status lines (warm-up done, a verdict change), the progress bar's postfix, trackers' alerts."""
+        beta = decision.beta_after
+        shown = f" beta={beta:.3g}" if beta is not None else ""
+        if decision.warming_up:
+            self._console.postfix(f"loopguard warming up{shown}")
+            return
+        verdict, previous, action = decision.verdict, self._shown, decision.action
+        if previous is None:
+            line = f"loopguard: warm-up done, judging from step {decision.step}: {verdict}."
+            self._console.status(logging.INFO, line)
+            self._events.append(f"step {decision.step}: warm-up done, {verdict}")
+            previous = "OK"
+        # a line when the verdict changes, or an action begins (a run of raises or lowers: its first step)
+        if verdict != previous or (action != "none" and action != self._last_action):
+            line = f"loopguard: step {decision.step}: {_status(decision, previous)}"
+            level = logging.WARNING if verdict != "OK" or action in ("rollback", "stop") else logging.INFO
+            self._console.status(level, line)
+            self._events.append(line.removeprefix("loopguard: "))
+        self._shown, self._last_action = verdict, action
+        self._console.postfix(f"loopguard {verdict}{shown}")
+        hack_began = verdict == "HACK" and previous != "HACK"
+        if self.alerts and (hack_began or decision.action in ("rollback", "stop")):
+            what = "HACK" if decision.action == "none" else decision.action
+            title = f"loopguard: {what} at step {decision.step}"
+            try:
+                alert(self._trainer, title, decision.explanation)
+            except Exception as error:  # the failure policy (module docs): loud every time
+                self._failed("alert", error, int(decision.step))
+
+    def _end(self, args: TrainingArguments, state: TrainerState) -> None:
+        """The end-of-run summary: the run's mitigation log in plain English (``loopguard report``)."""
+        if self._log is None or self.last_decision is None:
+            return
+        from loopguard.log import read_mitigation_log
+        from loopguard.report import summarize
+
+        records = read_mitigation_log(self._log.path, include_rotated=True, on_corrupt="skip")
+        text = summarize(records, run=self.run_id)
+        hacked = any(r.get("verdict") == "HACK" for r in records if r.get("run") == self.run_id)
+        self._console.status(logging.WARNING if hacked else logging.INFO, f"loopguard summary:\n{text}")
 
     def _synced_restore(
         self, store: RollbackStore, args: TrainingArguments, state: TrainerState, before: int
@@ -971,9 +1102,10 @@ class RewardHackMitigator(_Observer):
         out["loopguard/vote"] = 0.0 if decision is None else float(decision.vote)
         out["loopguard/action"] = self._since_log.get("action", 0.0)
         scores = {} if decision is None else decision.scores
-        for detector in self.guard.detectors:  # 0 while warming up or when the signal had no input
-            score = scores.get(detector.name, 0.0)
-            out[f"loopguard/score/{detector.name}"] = float(score) if math.isfinite(score) else 0.0
+        for detector in self.guard.detectors:  # absent while warming up or when the signal had no input
+            score = scores.get(detector.name)
+            if score is not None and math.isfinite(score):
+                out[f"loopguard/score/{detector.name}"] = float(score)
         out["loopguard/warming_up"] = 1.0 if decision is None or decision.warming_up else 0.0
         out["loopguard/rollbacks"] = float(len(self.rollbacks))
         out.update(self._active_metrics(self._metric_prefix))
@@ -984,6 +1116,23 @@ class RewardHackMitigator(_Observer):
         out = self.metrics()
         self._since_log = {}
         return out
+
+    def _log_text(self) -> dict[str, str]:
+        """``loopguard/status``: the newest status lines since the last log, for trackers that take text.
+
+        At most ``_TEXT_LIMIT`` characters (transformers' console printer shows no longer value), the newest
+        lines first kept; ``"(+N earlier) "`` says how many were left out.
+        """
+        events, self._events = self._events, []
+        if not events:
+            return {}
+        kept = [events[-1]]
+        for event in reversed(events[:-1]):
+            if len(_joined(events, [event, *kept])) > _TEXT_LIMIT:
+                break
+            kept.insert(0, event)
+        text = _joined(events, kept)
+        return {"loopguard/status": text if len(text) <= _TEXT_LIMIT else text[: _TEXT_LIMIT - 3] + "..."}
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
@@ -1105,9 +1254,20 @@ class EchoTrapCallback(_Observer):
     def _report(self, decision: Decision, batch: Batch | None, control: TrainerControl) -> None:
         rate = decision.raw["repetition.rate"]
         verdict = {"OK": "OK", "WARN": "WARN", "HACK": "TRAP"}[decision.verdict]
+        previous = "OK" if self.last is None else self.last[2]
         self.last = (decision.step, round(rate, 6), verdict)
         self._worst = _worse(self._worst, _ECHO_CODES[verdict])
+        stop = decision.action == "stop"
+        if stop:
+            control.should_training_stop = True
+        if verdict == previous and not stop:  # a status line when the verdict changes, not every step
+            return
         if verdict == "OK":
+            message = (
+                f"loopguard echo OK at step {decision.step}: mean {self.n}-gram repetition "
+                f"{round(rate, 6):.3f} < {self.warn:g}"
+            )
+            self._console.status(logging.INFO, message)
             return
         example = "" if batch is None else f"; e.g. {max(batch.completions or (), key=len)[:80]!r}"
         band = self.threshold if verdict == "TRAP" else self.warn
@@ -1115,10 +1275,9 @@ class EchoTrapCallback(_Observer):
             f"loopguard echo {verdict} at step {decision.step}: mean {self.n}-gram repetition "
             f"{round(rate, 6):.3f} >= {band:g}{example}"
         )
-        if decision.action == "stop":
-            control.should_training_stop = True
+        if stop:
             message += "; stopping training (halt=True)"
-        logger.warning(message)
+        self._console.status(logging.WARNING, message)
 
     def _log_metrics(self) -> dict[str, float]:
         """``loopguard/echo/*`` for this log: the latest rate, the worst verdict since the last log."""

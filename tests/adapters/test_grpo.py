@@ -6,6 +6,7 @@ it reads the completions, rewards, KL and entropy the trainer computed.
 """
 
 import json
+import logging
 import math
 import re
 
@@ -23,6 +24,7 @@ from loopguard import (
     StateError,
     shape_reward,
 )
+from loopguard.adapters._console import progress_bar
 from loopguard.checkpoint import CheckpointManager
 
 
@@ -30,21 +32,53 @@ def _records(output_dir):
     return decisions(output_dir)
 
 
+class LoopguardLines(logging.Handler):
+    """Collects what the ``loopguard`` logger lets through while training runs: ``(level, message)`` pairs."""
+
+    def __init__(self):
+        super().__init__(level=logging.NOTSET)
+        self.records = []
+
+    @property
+    def messages(self):
+        return [message for _level, message in self.records]
+
+    def emit(self, record):
+        self.records.append((record.levelno, record.getMessage()))
+
+    def __enter__(self):
+        logging.getLogger("loopguard").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("loopguard").removeHandler(self)
+
+
 def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it_clears(
     model_dir, tokenizer, tmp_path
 ):
     # The reward bug is live for steps [12, 24): long enough for the policy to collapse into "x x x ...".
+    # The run reports to TensorBoard and shows its progress bar, as a user's run does.
     mitigator = RewardHackMitigator(
         guard=Guard(mode="kl_control", controller=BangBang(gain=3.0, memory_half_life=0), warmup_steps=6)
     )
     trainer = grpo_trainer(
-        model_dir, tokenizer, tmp_path, [make_echo_reward(12, 24)], max_steps=60, beta=0.05
+        model_dir,
+        tokenizer,
+        tmp_path,
+        [make_echo_reward(12, 24)],
+        max_steps=60,
+        beta=0.05,
+        report_to=["tensorboard"],
+        logging_steps=5,
+        disable_tqdm=False,
     )
-    spy = Spy()
+    spy = Spy(probe=lambda t, _state: progress_bar(t).postfix)
     spy.trainer = trainer
     trainer.add_callback(mitigator)  # exactly the line users write: no trainer= argument
     trainer.add_callback(spy)
-    trainer.train()
+    with LoopguardLines() as lines:
+        trainer.train()
 
     assert mitigator.trainer is trainer
     records = _records(tmp_path)
@@ -70,15 +104,55 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
     assert raise_record["beta_after"] == pytest.approx(min(1.0, max(0.15, 0.5 / math.sqrt(2 * kl))), rel=1e-3)
     assert "Raised beta 0.05 -> " in text
 
+    # What the run showed: a status line at the end of the warm-up and at each verdict change (WARN and HACK
+    # as warnings), the verdict in the progress bar, an end-of-run summary; the logger given back afterwards.
+    assert lines.messages[0].startswith("loopguard: watching repetition, diversity, length")
+    judged = next(r["step"] for r in records if "warming up" not in r["explanation"])
+    assert (logging.INFO, f"loopguard: warm-up done, judging from step {judged}: OK.") in lines.records
+    first_alarm = next(r for r in records if r["verdict"] != "OK" and r["step"] >= judged)
+    prefix = f"loopguard: step {first_alarm['step']}: OK -> {first_alarm['verdict']} (vote "
+    assert any(level == logging.WARNING and m.startswith(prefix) for level, m in lines.records), lines.messages
+    raised = next(m for m in lines.messages if m.startswith(f"loopguard: step {first_raise}: "))
+    assert raised.endswith(f"raised beta 0.05 -> {raise_record['beta_after']:.3g}")
+    raises = sum(r["action"] == "raise_beta" for r in records)
+    assert sum("raised beta" in m for m in lines.messages) < raises  # a line per run of raises, not per raise
+    assert len(lines.records) < 15, lines.messages  # 60 steps: a few lines, not one per step
+    postfix = f"loopguard {raise_record['verdict']} beta={raise_record['beta_after']:.3g}"
+    assert spy.probes[first_raise] == postfix
+    assert spy.probes[3] == "loopguard warming up beta=0.05"
+    level, summary = lines.records[-1]
+    assert level == logging.WARNING  # the run reached HACK
+    assert summary.startswith(f"loopguard summary:\nMitigation log (run {mitigator.run_id}): 60 steps observed")
+    assert f"HACK first at step {first_hack}" in summary
+    assert not logging.getLogger("loopguard").handlers
+    assert logging.getLogger("loopguard").level == logging.NOTSET
 
-def test_log_only_never_changes_beta(model_dir, tokenizer, tmp_path):
+    # TensorBoard got the loopguard/* scalars and the status lines as text, at the logging steps
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = list(tmp_path.rglob("events.out.tfevents.*"))
+    board = EventAccumulator(str(events.parent), size_guidance={"scalars": 0, "tensors": 0})
+    board.Reload()
+    assert sorted({e.step for e in board.Scalars("train/loopguard/beta")}) == list(range(5, 61, 5))
+    assert max(e.value for e in board.Scalars("train/loopguard/verdict")) == 2.0
+    statuses = {e.step: e.tensor_proto.string_val[0].decode() for e in board.Tensors("train/loopguard/status/text_summary")}
+    assert any("-> HACK" in text for text in statuses.values()), statuses
+    assert f"step {judged}: warm-up done, OK" in statuses[5 * math.ceil(judged / 5)]
+    assert max(len(text) for text in statuses.values()) <= 100  # transformers prints no longer string
+
+
+def test_log_only_never_changes_beta_and_log_level_error_silences_it(model_dir, tokenizer, tmp_path):
     mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=6))
-    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30)
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30, log_level="error"
+    )
     spy = Spy()
     spy.trainer = trainer
     trainer.add_callback(mitigator)
     trainer.add_callback(spy)
-    trainer.train()
+    with LoopguardLines() as lines:
+        trainer.train()
+    assert lines.records == []  # the run read HACK (below), and log_level="error" kept every line back
 
     records = _records(tmp_path)
     assert any(r["verdict"] == "HACK" for r in records)  # it saw the hack ...
@@ -129,10 +203,11 @@ def test_loopguard_metrics_reach_every_log_before_the_reporters(model_dir, token
         "loopguard/warming_up",
         "loopguard/rollbacks",
         "loopguard/score/repetition",
-        "loopguard/score/diversity",
     }
     for logs in train_logs:
         assert expected <= set(logs), sorted(expected - set(logs))
+        # a score is there once its signal measured something: diversity needs the warm-up's baseline
+        assert ("loopguard/score/diversity" in logs) == (logs["loopguard/warming_up"] == 0.0)
         assert logs["loopguard/verdict"] in (0.0, 1.0, 2.0)
         assert logs["loopguard/action"] in (0.0, 1.0, 2.0, 3.0, 4.0)
     assert train_logs[-1]["loopguard/beta"] == trainer.beta

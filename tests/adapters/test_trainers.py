@@ -110,7 +110,9 @@ def test_dpo_beta_accessor_and_implicit_reward_margins(model_dir, tokenizer, tmp
     )
     mitigator = RewardHackMitigator(guard=Guard(mode="kl_control", warmup_steps=3))
     trainer.add_callback(mitigator)
-    trainer.train()
+    # no signal that can vote sees offline DPO's metrics: a KL-changing mode says so at the start
+    with pytest.warns(RuntimeWarning, match=r"mode='kl_control' will never change beta.*Pass mode='log_only'"):
+        trainer.train()
 
     assert mitigator._accessor.where == "trainer.beta"
     assert mitigator.beta == 0.1
@@ -121,6 +123,10 @@ def test_dpo_beta_accessor_and_implicit_reward_margins(model_dir, tokenizer, tmp
     # the Guard saw the implicit reward margin divided by beta (the log-ratio margin)
     assert [r["reward_mean"] for r in records] == pytest.approx([m / 0.1 for m in margins], rel=1e-4)
     assert mitigator.metrics()["loopguard/beta"] == 0.1
+    # the signals that read completions never measured anything: absent from the metrics, not logged as 0
+    logged = {key for entry in trainer.state.log_history for key in entry}
+    assert "loopguard/score/drift" in logged
+    assert not {"loopguard/score/repetition", "loopguard/score/diversity"} & logged
 
 
 class ReinforceTrainer(Trainer):
