@@ -9,9 +9,12 @@ The package is layered in one direction of flow:
   :func:`apply_decision` for hand-written PyTorch and Accelerate loops (``docs/loops.md``), :func:`tap` for
   reward functions of trainers that keep no per-completion rewards.
 
-``import loopguard`` imports neither torch, transformers, scipy.stats nor scikit-learn (kernels import scipy
-and scikit-learn where they use them); the adapters load lazily (PEP 562), on first access to
-``loopguard.RewardHackMitigator``, ``loopguard.LoopGuard`` and friends, and so does ``__version__``.
+``import loopguard`` loads only the exceptions: every other public name loads on first access (PEP 562), so
+``loopguard.Guard`` imports the Guard with numpy and the kernels, ``loopguard.RewardHackMitigator`` the
+Hugging Face adapter with torch, and a command such as ``loopguard report`` imports only what it uses (no
+numpy for a text summary). Neither torch, transformers, scipy.stats nor scikit-learn is imported until a name
+that needs it is used (kernels import scipy and scikit-learn where they use them); ``__version__`` too is read
+on first access.
 
 Example:
     >>> import loopguard
@@ -24,19 +27,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loopguard import signals
-from loopguard.adapters._tap import tap
-from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
-from loopguard.detectors import (
-    Collapse,
-    Diversity,
-    GoldAudit,
-    InfoRM,
-    Length,
-    Repetition,
-    RewardDrift,
-    RMEnsemble,
-)
 from loopguard.exceptions import (
     CheckpointError,
     CheckpointWriteError,
@@ -47,15 +37,28 @@ from loopguard.exceptions import (
     MissingDependencyError,
     StateError,
 )
-from loopguard.guard import Decision, Guard, Observation
-from loopguard.log import MitigationLog, MitigationRecord, read_mitigation_log
-from loopguard.shaping import shape_reward
 
 if TYPE_CHECKING:
+    from loopguard import signals
+    from loopguard.adapters._tap import tap
     from loopguard.adapters.hf_trainer import EchoTrapCallback, RewardHackMitigator, RLCheckpointCallback
     from loopguard.adapters.loop import Applied, LoopGuard, apply_decision
     from loopguard.checkpoint import CheckpointManager
+    from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
+    from loopguard.detectors import (
+        Collapse,
+        Diversity,
+        GoldAudit,
+        InfoRM,
+        Length,
+        Repetition,
+        RewardDrift,
+        RMEnsemble,
+    )
+    from loopguard.guard import Decision, Guard, Observation
+    from loopguard.log import MitigationLog, MitigationRecord, read_mitigation_log
     from loopguard.recipes import IterativeDPO
+    from loopguard.shaping import shape_reward
 
 __version__: str  # read from the installed metadata on first access (importlib.metadata costs ~10 ms)
 
@@ -100,15 +103,37 @@ __all__ = [
     "tap",
 ]
 
-_LAZY = {
+# Where each public name lives; loaded on first access (None: the name is the submodule itself).
+_LAZY: dict[str, str | None] = {
+    "AdaptiveKL": "loopguard.control",
     "Applied": "loopguard.adapters.loop",
+    "BangBang": "loopguard.control",
     "CheckpointManager": "loopguard.checkpoint",
+    "Collapse": "loopguard.detectors",
+    "Decision": "loopguard.guard",
+    "Diversity": "loopguard.detectors",
     "EchoTrapCallback": "loopguard.adapters.hf_trainer",
+    "EscalationLadder": "loopguard.control",
+    "GoldAudit": "loopguard.detectors",
+    "Guard": "loopguard.guard",
+    "InfoRM": "loopguard.detectors",
     "IterativeDPO": "loopguard.recipes",
+    "Length": "loopguard.detectors",
     "LoopGuard": "loopguard.adapters.loop",
+    "MitigationLog": "loopguard.log",
+    "MitigationRecord": "loopguard.log",
+    "Observation": "loopguard.guard",
+    "PIDLagrangian": "loopguard.control",
     "RLCheckpointCallback": "loopguard.adapters.hf_trainer",
+    "RMEnsemble": "loopguard.detectors",
+    "Repetition": "loopguard.detectors",
+    "RewardDrift": "loopguard.detectors",
     "RewardHackMitigator": "loopguard.adapters.hf_trainer",
     "apply_decision": "loopguard.adapters.loop",
+    "read_mitigation_log": "loopguard.log",
+    "shape_reward": "loopguard.shaping",
+    "signals": None,
+    "tap": "loopguard.adapters._tap",
 }
 
 
@@ -122,13 +147,21 @@ def _installed_version() -> str:
 
 
 def __getattr__(name: str) -> Any:
-    """Load the adapters and ``__version__`` on first use (PEP 562): ``import loopguard`` stays light."""
+    """Load a public name and ``__version__`` on first use (PEP 562): ``import loopguard`` stays light."""
     if name == "__version__":
-        globals()["__version__"] = value = _installed_version()
-        return value
+        globals()["__version__"] = version = _installed_version()
+        return version
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        home = _LAZY[name]
+        module = importlib.import_module(f"{__name__}.{name}" if home is None else home)
+        loaded = module if home is None else getattr(module, name)
+        globals()[name] = loaded  # later accesses skip __getattr__
+        return loaded
     msg = f"module {__name__!r} has no attribute {name!r}"
     raise AttributeError(msg)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

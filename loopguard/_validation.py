@@ -10,6 +10,9 @@ Two families live here:
 * ``as_*_array`` functions turn array-likes (lists, numpy arrays, CPU or GPU torch tensors) into numpy arrays
   and check dimensionality, emptiness, size caps and finiteness.
 
+numpy is imported inside the array functions, not at import: the checks of plain values (and so the records
+of a mitigation log, which ``loopguard report`` reads) run without it.
+
 Messages always read "`name` must be <rule>, got <value>." Type mistakes (``True`` for a number, a string
 for an array) raise :class:`~loopguard.exceptions.LoopguardTypeError` (a ``TypeError``); value mistakes raise
 :class:`~loopguard.exceptions.ConfigError` or :class:`~loopguard.exceptions.InputError` (``ValueError``).
@@ -44,14 +47,16 @@ import importlib
 import math
 import numbers
 import os
+import sys
 from collections.abc import Callable, Collection
 from types import ModuleType
-from typing import Any, cast
-
-import numpy as np
-from numpy.typing import NDArray
+from typing import TYPE_CHECKING, Any, cast
 
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, MissingDependencyError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 
 __all__ = [
     "MAX_EMBEDDING_DIM",
@@ -78,6 +83,7 @@ __all__ = [
     "describe",
     "import_extra",
     "integer",
+    "is_bool",
     "name_string",
     "one_of",
     "path_string",
@@ -96,8 +102,8 @@ MAX_NAME_LENGTH = 64
 MAX_PATH_LENGTH = 4096
 
 _REPR_LIMIT = 80
-_INT64_MIN = int(np.iinfo(np.int64).min)
-_INT64_MAX = int(np.iinfo(np.int64).max)
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
 
 AttrsValidator = Callable[[Any, Any, Any], None]
 
@@ -115,6 +121,23 @@ def describe(value: object) -> str:
     if len(text) > _REPR_LIMIT:
         text = text[: _REPR_LIMIT - 3] + "..."
     return text
+
+
+def is_bool(value: object) -> bool:
+    """Whether ``value`` is a ``bool`` or a numpy bool, without importing numpy.
+
+    A numpy bool can exist only once numpy is imported, so numpy is looked up in ``sys.modules``, never
+    imported here.
+
+    Example:
+        >>> import numpy as np
+        >>> is_bool(True), is_bool(np.bool_(False)), is_bool(1)
+        (True, True, False)
+    """
+    if isinstance(value, bool):
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.bool_)
 
 
 def _bound(value: float) -> str:
@@ -159,7 +182,7 @@ def check_number_type(name: str, value: object, kind: type, what: str) -> None:
     Raises:
         LoopguardTypeError: ``value`` is a bool or not a ``kind``.
     """
-    if isinstance(value, (bool, np.bool_)):
+    if is_bool(value):
         msg = f"`{name}` must be {what} (not bool), got {describe(value)}."
         raise LoopguardTypeError(msg)
     if not isinstance(value, kind):
@@ -236,7 +259,7 @@ def check_bool(name: str, value: object) -> bool:
         ...
         loopguard.exceptions.LoopguardTypeError: `normalize` must be a bool, got 1 of type int.
     """
-    if not isinstance(value, (bool, np.bool_)):
+    if not is_bool(value):
         msg = f"`{name}` must be a bool, got {describe(value)} of type {type(value).__name__}."
         raise LoopguardTypeError(msg)
     return bool(value)
@@ -410,6 +433,8 @@ def _tensor_to_numpy(name: str, tensor: Any) -> NDArray[Any]:
     no bfloat16. Gradients, strides and conjugate/negative views are resolved here, so callers can pass what a
     trainer computed as is.
     """
+    import numpy as np
+
     if getattr(tensor, "is_meta", False):
         msg = (
             f"`{name}` is on the meta device (it holds no data, only a shape), got a tensor of shape "
@@ -438,6 +463,8 @@ def _tensor_to_numpy(name: str, tensor: Any) -> NDArray[Any]:
 
 def _unmasked(name: str, value: np.ma.MaskedArray[Any, Any]) -> NDArray[Any]:
     """The data of a masked array with no masked element; a masked element is refused, never guessed."""
+    import numpy as np
+
     mask = np.ma.getmaskarray(value)
     if mask.any():
         first = tuple(int(i) for i in np.argwhere(mask)[0])
@@ -452,6 +479,8 @@ def _unmasked(name: str, value: np.ma.MaskedArray[Any, Any]) -> NDArray[Any]:
 
 def _stack_items(name: str, value: list[Any] | tuple[Any, ...]) -> NDArray[Any]:
     """Convert a list item by item (tensors, masked rows) so that an error names the item, then stack."""
+    import numpy as np
+
     parts = [to_numpy(f"{name}[{index}]", item) for index, item in enumerate(value)]
     shapes = sorted({part.shape for part in parts})
     if len(shapes) > 1:
@@ -486,7 +515,9 @@ def to_numpy(name: str, value: object) -> NDArray[Any]:
         ...
         loopguard.exceptions.InputError: `rewards` must have no masked elements (loopguard does not guess what a masked value means), got a masked array with 1 masked of 2 (first at index (1,)); drop them with .compressed() or fill them with .filled(value) first.
     """  # noqa: E501
-    if isinstance(value, (bool, np.bool_, str, bytes)) or value is None:
+    import numpy as np
+
+    if is_bool(value) or isinstance(value, (str, bytes)) or value is None:
         msg = f"`{name}` must be an array of numbers, got {describe(value)} of type {type(value).__name__}."
         raise LoopguardTypeError(msg)
     items = value if isinstance(value, (list, tuple)) else None  # first: the common case, once per token row
@@ -511,6 +542,8 @@ def to_numpy(name: str, value: object) -> NDArray[Any]:
 
 def _python_int_overflow(name: str, value: object, array: NDArray[Any], what: str) -> None:
     """Explain a list of Python ints that numpy could not hold as int64 (it fell back to float64/object)."""
+    import numpy as np
+
     if array.dtype.kind not in "fO" or not isinstance(value, (list, tuple)):
         return
     try:
@@ -518,9 +551,7 @@ def _python_int_overflow(name: str, value: object, array: NDArray[Any], what: st
     except (ValueError, TypeError):
         return
     flat = items.reshape(-1).tolist()
-    if not flat or not all(
-        isinstance(item, numbers.Integral) and not isinstance(item, (bool, np.bool_)) for item in flat
-    ):
+    if not flat or not all(isinstance(item, numbers.Integral) and not is_bool(item) for item in flat):
         return
     for index, item in enumerate(flat):
         if not _INT64_MIN <= int(item) <= _INT64_MAX:
@@ -554,8 +585,10 @@ def _check_array_shape(
 
 def _python_reals(name: str, array: NDArray[Any]) -> NDArray[Any]:
     """Convert an object array built from a list of Python numbers to float64 (others are left as is)."""
+    import numpy as np
+
     flat = array.reshape(-1).tolist()
-    if not all(isinstance(item, numbers.Real) and not isinstance(item, (bool, np.bool_)) for item in flat):
+    if not all(isinstance(item, numbers.Real) and not is_bool(item) for item in flat):
         return array
     try:
         return np.array(flat, dtype=np.float64).reshape(array.shape)
@@ -583,7 +616,9 @@ def scalar_value(name: str, value: object) -> object:
         ...
         loopguard.exceptions.InputError: `kl` must be a single number (a 0-d or one-element array or tensor), got shape (2,).
     """  # noqa: E501
-    if isinstance(value, (numbers.Number, np.bool_, str, bytes)) or value is None:
+    import numpy as np
+
+    if isinstance(value, (numbers.Number, str, bytes)) or value is None or is_bool(value):
         return value
     if isinstance(value, np.ndarray) or _is_tensor(value):
         array = to_numpy(name, value)
@@ -636,6 +671,8 @@ def as_float_array(
         ...
         loopguard.exceptions.InputError: `rewards` must be finite, got nan at index (1,).
     """
+    import numpy as np
+
     array = to_numpy(name, value)
     if array.dtype.kind == "b":
         msg = f"`{name}` must hold numbers, got booleans (convert with .astype(float) if intended)."
@@ -676,6 +713,8 @@ def as_int_array(
         ...
         loopguard.exceptions.InputError: `lengths` must be >= 0, got -1 at index (1,).
     """
+    import numpy as np
+
     array = to_numpy(name, value)
     if array.dtype.kind == "b":
         msg = f"`{name}` must hold integers, got booleans."

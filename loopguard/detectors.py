@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 
 from loopguard import signals
 from loopguard._saved_state import Fields, check_state_reals
+from loopguard._types import HACK_LEVEL, WARN_LEVEL  # defined there: the log's readers need no numpy
 from loopguard._validation import (
     as_float_array,
     check_int,
@@ -77,12 +78,6 @@ __all__ = [
     "band_score",
     "detector_from_name",
 ]
-
-WARN_LEVEL = 0.10
-"""Score at which a detector (and the vote) reads WARN."""
-
-HACK_LEVEL = 0.30
-"""Score at which a detector (and the vote) reads HACK; also the default trip band of ``BangBang``."""
 
 Role = Literal["primary", "corroborating", "guard"]
 Raw = dict[str, float]

@@ -55,7 +55,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import attrs
-import numpy as np
 
 from loopguard._run import check_run_id
 from loopguard._saved_state import open_regular
@@ -70,11 +69,11 @@ from loopguard._validation import (
     check_path,
     check_text,
     describe,
+    is_bool,
     name_string,
     one_of,
     real,
 )
-from loopguard.detectors import StepData
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 
 if TYPE_CHECKING:
@@ -375,7 +374,7 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
     """Copy ``value`` into plain JSON types (tuples -> lists, numpy scalars -> Python, non-finite -> None)."""
     if value is None or isinstance(value, str):
         return value
-    if isinstance(value, (bool, np.bool_)):
+    if is_bool(value):
         return bool(value)
     if isinstance(value, numbers.Integral):
         return int(value)
@@ -573,6 +572,10 @@ class MitigationRecord:
         """
         reward_mean = reward_std = length_mean = None
         if observation is not None:
+            import numpy as np  # here: reading a log (`loopguard report`) needs neither numpy nor the kernels
+
+            from loopguard.detectors import StepData
+
             reward_mean = float(np.mean(observation.rewards))
             reward_std = float(np.std(observation.rewards))
             lengths = StepData(observation, warmup_steps=1).lengths

@@ -42,9 +42,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from loopguard._types import VERDICTS
+from loopguard._types import HACK_LEVEL, VERDICTS, WARN_LEVEL
 from loopguard._validation import check_path, describe, import_extra
-from loopguard.detectors import HACK_LEVEL, WARN_LEVEL
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 from loopguard.log import EVENTS, RunLog, split_runs
 

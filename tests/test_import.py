@@ -118,4 +118,11 @@ def test_import_time_benchmark_runs(tmp_path):
     assert report["ratio"] == pytest.approx(report["loopguard_ms"] / report["numpy_ms"])
     assert report["meets_target"] == (report["ratio"] <= 3.0)
     assert report["heavy_modules_loaded"] == []
+    assert 0 < report["import_ms"] < report["loopguard_ms"]
     assert len(report["slowest_modules_after_numpy"]) == 3
+    started = report["report"]
+    assert started["import_ms"] > 0
+    assert started["command_ms"] > 0
+    assert started["wall_ms"] > started["python_wall_ms"] > 0
+    assert started["heavy_modules_loaded"] == []
+    assert len(started["per_run_ms"]) == 2

@@ -4,6 +4,7 @@ import html
 import itertools
 import pathlib
 import re
+import subprocess
 import sys
 import warnings
 
@@ -304,6 +305,40 @@ def test_cli_report_prints_the_summary_only(tmp_path, capsys):
     assert "Nothing tripped" in captured.out
     assert captured.err == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.jsonl"]
+
+
+# `loopguard report LOG` prints text: it must start fast, so it may not import the scientific stack
+# (numpy, scipy and scikit-learn cost ~0.5 s at start-up, torch seconds); benchmarks/import_time.py times it.
+_REPORT_SLOW = ("numpy", "scipy", "sklearn", "torch", "transformers", "matplotlib")
+
+
+def _modules_left_by_report(path, before=""):
+    code = (
+        "import sys\n"
+        f"{before}\n"
+        "from loopguard.cli import main\n"
+        "status = main(['report', sys.argv[1]])\n"
+        f"print(status, sorted(name for name in {_REPORT_SLOW!r} if name in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, path], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert "Mitigation log: 8 steps observed" in done.stdout  # the summary was printed
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_cli_report_starts_without_numpy_scipy_sklearn_or_torch(tmp_path):
+    records = _warmup(range(1, 4), 3) + [_record(s) for s in range(4, 7)]
+    records += [_record(7, "HACK", 0.6, "raise_beta", 0.04, 0.06), _record(8, before=0.06, after=0.06)]
+    path = _write(tmp_path / "log.jsonl", records)
+    assert _modules_left_by_report(path) == "0 []"
+
+
+def test_the_report_import_check_can_fail(tmp_path):
+    # the check above proves something only if it sees these modules when something does import them
+    path = _write(tmp_path / "log.jsonl", [_record(s) for s in range(1, 9)])
+    loaded = _modules_left_by_report(path, before="import scipy.stats, sklearn, torch")
+    assert loaded == "0 ['numpy', 'scipy', 'sklearn', 'torch']"
 
 
 def test_cli_report_bad_inputs(tmp_path, capsys):
