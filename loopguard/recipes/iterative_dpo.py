@@ -54,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import enum
 import gc
 import hashlib
 import json
@@ -872,6 +873,60 @@ def _import_stack() -> tuple[Any, Any, Any, Any]:
     return torch, transformers, trl, datasets
 
 
+def _plain(value: Any) -> Any:
+    """A ``DPOConfig`` value as JSON: enums by value, containers item by item, anything else as text."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(item) for item in value]
+    if isinstance(value, Mapping):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return str(value)
+
+
+def _round_dpo_config(
+    trl: Any, dpo_args: Mapping[str, Any], config: IterativeDPOConfig, round_number: int, directory: str
+) -> Any:
+    """The ``DPOConfig`` of one round: the recipe's defaults, then ``dpo_args``, then what the recipe sets."""
+    values: dict[str, Any] = {
+        "report_to": [],
+        "save_strategy": "no",
+        "logging_steps": 1,
+        "disable_tqdm": True,
+        "seed": config.seed + round_number,
+    }
+    names = {field.name for field in dataclasses.fields(trl.DPOConfig)}
+    checkpointing = ("activation_checkpointing", "gradient_checkpointing")
+    if not any(key in dpo_args for key in checkpointing):  # TRL turns it on by default
+        values[next(key for key in checkpointing if key in names)] = False
+    values.update(dpo_args)
+    values["output_dir"] = os.path.join(directory, "trainer")
+    values["beta"] = config.beta
+    return trl.DPOConfig(**values)
+
+
+def _check_dpo_config(
+    trl: Any, dpo_args: Mapping[str, Any], config: IterativeDPOConfig, *, name: str, given: str
+) -> None:
+    """Build round 1's ``DPOConfig`` (writing nothing), so that what TRL refuses fails before a model loads.
+
+    ``name`` and ``given`` say in the message where the fields came from (``dpo_args``, or the command line).
+
+    Raises:
+        ConfigError: ``trl.DPOConfig`` refused the values (``ValueError`` or ``TypeError`` from its checks).
+    """
+    directory = os.path.join(config.output_dir, "round-01")
+    try:
+        _round_dpo_config(trl, dpo_args, config, 1, directory)
+    except (ValueError, TypeError) as error:
+        msg = f"{name} must make a trl.DPOConfig that TRL accepts, got {given}, which it refuses: {error}"
+        raise ConfigError(msg) from error
+
+
 def _fingerprint(model: Any) -> str:
     """A cheap weights fingerprint: SHA-256 over each tensor's name, shape, sum and sum of squares."""
     digest = hashlib.sha256()
@@ -1303,21 +1358,7 @@ class IterativeDPO:
         return scores
 
     def _dpo_config(self, trl: Any, step: RoundPlan) -> Any:
-        values: dict[str, Any] = {
-            "report_to": [],
-            "save_strategy": "no",
-            "logging_steps": 1,
-            "disable_tqdm": True,
-            "seed": self._config.seed + step.round,
-        }
-        names = {field.name for field in dataclasses.fields(trl.DPOConfig)}
-        checkpointing = ("activation_checkpointing", "gradient_checkpointing")
-        if not any(key in self._dpo_args for key in checkpointing):  # TRL turns it on by default
-            values[next(key for key in checkpointing if key in names)] = False
-        values.update(self._dpo_args)
-        values["output_dir"] = os.path.join(step.directory, "trainer")
-        values["beta"] = self._config.beta
-        return trl.DPOConfig(**values)
+        return _round_dpo_config(trl, self._dpo_args, self._config, step.round, step.directory)
 
     def _run_round(self, step: RoundPlan, start: str) -> dict[str, Any]:
         """Sample, score and pair with the policy at ``start``; train, audit and gate the candidate."""
@@ -1439,6 +1480,8 @@ class IterativeDPO:
             "loss_last": float(losses[-1]) if losses else None,
             "train_loss": float(output.training_loss),
         }
+        given = sorted({*self._dpo_args, "beta", "seed"})  # what the round was told, as DPOConfig holds it
+        metrics["dpo_config"] = {key: _plain(getattr(trainer.args, key)) for key in given}
         metrics["weights"] = {
             "reference_fingerprint": reference_fingerprint or _fingerprint(trainer.ref_model),
             "candidate_fingerprint": _fingerprint(candidate),
