@@ -466,7 +466,7 @@ class RewardHackMitigator(_Observer):
     Every decision goes to ``mitigation_log.jsonl`` (main process) and, at each logging step, ``loopguard/*``
     metrics go into the trainer's logs: ``beta``, ``verdict`` (0 OK, 1 WARN, 2 HACK: the worst since the last
     logging step), ``vote``, ``action`` (0 none, 1 lower_beta, 2 raise_beta, 3 rollback, 4 stop: the worst
-    since the last logging step), ``score/<signal>`` (absent while the signal has measured nothing: warming up,
+    since the last logging step), ``score/<signal>`` (absent while the signal has measured nothing: warm-up,
     or no input), ``warming_up``, ``rollbacks``, ``active`` (0 after a failure since the last log) and
     ``errors``; and ``loopguard/status``, the status lines since the last log as text, when the trainer
     reports to TensorBoard, W&B or trackio. While training runs, the ``loopguard`` logger follows the
@@ -617,7 +617,8 @@ class RewardHackMitigator(_Observer):
         self.rollbacks: list[dict[str, int]] = []
         self.last_decision: Decision | None = None
         self._since_log: dict[str, float] = {}
-        self._shown: str | None = None  # the verdict of the last status line (None: warm-up not over)
+        self._shown = "OK"  # the verdict of the last status line
+        self._warmed = False  # the warm-up-done line was shown
         self._last_action = "none"
         self._events: list[str] = []  # status lines since the last log, for trackers that take text
         self._sync = RankSync()
@@ -996,15 +997,15 @@ class RewardHackMitigator(_Observer):
         """Status lines (warm-up done, a verdict change), the progress bar's postfix, trackers' alerts."""
         beta = decision.beta_after
         shown = f" beta={beta:.3g}" if beta is not None else ""
-        if decision.warming_up:
+        verdict, previous, action = decision.verdict, self._shown, decision.action
+        if decision.warming_up and verdict == "OK" and action == "none":
             self._console.postfix(f"loopguard warming up{shown}")
             return
-        verdict, previous, action = decision.verdict, self._shown, decision.action
-        if previous is None:
+        if not decision.warming_up and not self._warmed:  # (absolute evidence may trip during it)
+            self._warmed = True
             line = f"loopguard: warm-up done, judging from step {decision.step}: {verdict}."
             self._console.status(logging.INFO, line)
             self._events.append(f"step {decision.step}: warm-up done, {verdict}")
-            previous = "OK"
         # a line when the verdict changes, or an action begins (a run of raises or lowers: its first step)
         if verdict != previous or (action != "none" and action != self._last_action):
             line = f"loopguard: step {decision.step}: {_status(decision, previous)}"
@@ -1015,7 +1016,7 @@ class RewardHackMitigator(_Observer):
         self._console.postfix(f"loopguard {verdict}{shown}")
         hack_began = verdict == "HACK" and previous != "HACK"
         if self.alerts and (hack_began or decision.action in ("rollback", "stop")):
-            what = "HACK" if decision.action == "none" else decision.action
+            what = decision.action if decision.action in ("rollback", "stop") else "HACK"
             title = f"loopguard: {what} at step {decision.step}"
             try:
                 alert(self._trainer, title, decision.explanation)

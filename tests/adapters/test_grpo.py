@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
+from transformers import TrainerCallback
 
 from loopguard import (
     BangBang,
@@ -30,6 +31,24 @@ from loopguard.checkpoint import CheckpointManager
 
 def _records(output_dir):
     return decisions(output_dir)
+
+
+class Tracker(TrainerCallback):
+    """Stands for transformers' TrackioCallback, whose ``_trackio`` is the trackio module: records its alerts.
+
+    (trackio and W&B cannot run in this offline test environment; loopguard calls exactly this interface,
+    ``alert(title=..., text=..., level=AlertLevel.WARN)``, which both libraries document.)
+    """
+
+    class AlertLevel:
+        WARN = "warn-level"
+
+    def __init__(self):
+        self.alerts = []
+        self._trackio = self
+
+    def alert(self, *, title, text, level):
+        self.alerts.append((title, text, level))
 
 
 class LoopguardLines(logging.Handler):
@@ -142,9 +161,11 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
 
 
 def test_log_only_never_changes_beta_and_log_level_error_silences_it(model_dir, tokenizer, tmp_path):
-    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=6))
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=6), alerts=False)
+    tracker = Tracker()
     trainer = grpo_trainer(
-        model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30, log_level="error"
+        model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30, log_level="error",
+        callbacks=[tracker],
     )
     spy = Spy()
     spy.trainer = trainer
@@ -153,6 +174,7 @@ def test_log_only_never_changes_beta_and_log_level_error_silences_it(model_dir, 
     with LoopguardLines() as lines:
         trainer.train()
     assert lines.records == []  # the run read HACK (below), and log_level="error" kept every line back
+    assert tracker.alerts == []  # alerts=False
 
     records = _records(tmp_path)
     assert any(r["verdict"] == "HACK" for r in records)  # it saw the hack ...
@@ -402,10 +424,18 @@ def test_the_one_liner_prices_the_echo_penalises_it_and_rolls_back_with_a_re_anc
     trained = []
     spy = Spy(probe=lambda t, _state: float(np.mean(t._logs["rewards"]["echo_reward"])))
     spy.trainer = trainer
+    tracker = Tracker()
     trainer.add_callback(mitigator)
     trainer.add_callback(spy)
+    trainer.add_callback(tracker)
     trainer.train()
     records = _records(tmp_path)
+    # the tracker was alerted at the first HACK of the episode and at the rollback, with the explanations
+    first_hack = next(r for r in records if r["verdict"] == "HACK")
+    rolled = next(r for r in records if r["action"] == "rollback")
+    hack_alerts = [a for a in tracker.alerts if a[0] == f"loopguard: HACK at step {first_hack['step']}"]
+    assert hack_alerts == [(hack_alerts[0][0], first_hack["explanation"], "warn-level")]
+    assert (f"loopguard: rollback at step {rolled['step']}", rolled["explanation"], "warn-level") in tracker.alerts
     shaped = next(r for r in records if "Targeted penalty on the trained reward" in r["explanation"])
     penalty = mitigator.guard.penalty
     assert penalty is not None
