@@ -168,7 +168,9 @@ def _count(count: float) -> str:
 
 
 def _size(count: float) -> str:
-    return f"{count / GIB:.2f} GiB" if count >= GIB else f"{count / MIB:.1f} MiB"
+    if count >= GIB:
+        return f"{count / GIB:.2f} GiB"
+    return f"{count / MIB:.1f} MiB" if count >= MIB / 10 else f"{count / 1024:.0f} KiB"
 
 
 def markdown(table: list[dict[str, Any]], checked: list[dict[str, Any]]) -> str:
