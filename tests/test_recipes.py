@@ -141,7 +141,9 @@ def check_online_dpo_judge(output: str) -> None:
     decisions, hacks, actions = _summary(output, "online DPO:")
     assert (decisions, hacks >= 1, "raise_beta" in actions) == (30, True, True)  # a signal voted, via the tap
     assert "read from ['tap']" in output
-    assert _number(r"final beta ([\d.]+)", _line(output, "online DPO:")) > 0.1  # written into trainer._beta
+    summary = _line(output, "online DPO:")
+    assert _number(r"beta up to ([\d.]+)", summary) > 0.1  # raised, through trainer._beta
+    assert _number(r"final beta ([\d.]+)", summary) >= 0.1  # never below the user's beta
     assert "the tap recorded 30 judge calls of 16 completions each" in output
 
 

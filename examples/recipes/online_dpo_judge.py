@@ -68,7 +68,8 @@ actions = [f"{r['step']}:{r['action']}" for r in decisions if r["action"] not in
 first = next((r for r in decisions if r["verdict"] == "HACK"), None)
 if first is not None:
     print(f"first HACK: {first['explanation']}")
+top = max(r["beta_after"] for r in decisions)
 print(f"online DPO: {len(decisions)} decisions read from {sources}, {hacks} HACK; actions {actions}; "
-      f"rollbacks {mitigator.rollbacks}; final beta {trainer.beta:.3g}")  # fmt: skip
+      f"rollbacks {mitigator.rollbacks}; beta up to {top:.3g}, final beta {trainer.beta:.3g}")  # fmt: skip
 print(f"the tap recorded {len(tapped_judge.records())} judge calls "
       f"of {len(tapped_judge.records()[-1].rewards)} completions each")  # fmt: skip
