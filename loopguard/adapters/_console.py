@@ -1,18 +1,18 @@
 """What a training run shows of loopguard: its lines, the progress bar's postfix, trackers' text and alerts.
 
-The callbacks speak through the ``loopguard`` Python logger. While a trainer trains, :class:`Console` makes
-that logger follow the trainer's own conventions (transformers ``Trainer`` and TRL's trainers):
+The callbacks speak through the ``loopguard`` Python logger, following the trainer's own conventions
+(transformers ``Trainer`` and TRL's trainers), without changing any logger's configuration:
 
 * **Level.** ``TrainingArguments.get_process_log_level()`` decides, as it does for transformers' own logger:
   ``log_level`` on the main process, ``log_level_replica`` on the others. Left at ``"passive"`` on the main
   process, loopguard's status lines (warm-up done, verdict changes, the end-of-run summary) are shown, at
   INFO, like the trainer's own progress output; an explicit level is obeyed (``"warning"`` keeps the WARN /
-  HACK lines, rollbacks, stops and failures; ``"error"`` keeps failures only). The level is restored when
-  training ends.
-* **Where the lines go.** When nothing would print a ``loopguard`` record (no handler on the logger or its
-  ancestors: a script that never configured ``logging``), a handler is added for the run that writes to
-  stderr through ``tqdm.write`` while the trainer's progress bar is open, so the bar is not torn. A
-  ``logging`` configuration of the user's own is left alone: its handlers get the records.
+  HACK lines, rollbacks, stops and failures; ``"error"`` keeps failures only). A level set on the
+  ``loopguard`` logger itself (``logging.getLogger("loopguard").setLevel(...)``) is obeyed too.
+* **Where the lines go.** A line that passes becomes a record of the ``loopguard`` logger, handed to the
+  handlers of a ``logging`` configuration of the user's own (a handler on that logger or an ancestor). When
+  there is none (a script that never configured ``logging``), it is written to stderr, through
+  ``tqdm.write`` while the trainer's progress bar is open, so the bar is not torn.
 * **Status lines come from the main process only**: every rank takes the same decision (see
   ``adapters/_distributed.py``), so one line per event is enough. Failures are reported on every rank.
 * **Progress bar.** The verdict and beta go into the postfix of the trainer's ``tqdm`` bar
@@ -20,6 +20,8 @@ that logger follow the trainer's own conventions (transformers ``Trainer`` and T
 * **Trackers.** W&B and trackio get an alert (``alert(title, text, level)``) on the first HACK of an
   episode, a rollback and a stop, unless the callback was made with ``alerts=False``. (Verdicts and
   actions as text go through the trainer's logs, see ``RewardHackMitigator``.)
+
+Nothing here is global: a run that crashes leaves no level or handler behind.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ logger = logging.getLogger("loopguard")
 
 _PASSIVE_LEVEL = logging.INFO
 _TRACKERS = ("_wandb", "_trackio")  # attributes of transformers' WandbCallback / TrackioCallback
+_TEXT_TRACKERS = ("TensorBoardCallback", "WandbCallback", "TrackioCallback")
 
 
 def _process_level(args: Any) -> int:
-    """The level of the ``loopguard`` logger in this process, from the trainer's arguments."""
+    """The level of loopguard's lines in this process, from the trainer's arguments."""
     main = bool(getattr(args, "should_log", True))
     chosen = getattr(args, "log_level" if main else "log_level_replica", "passive")
     if main and chosen == "passive":
@@ -56,74 +59,44 @@ def progress_bar(trainer: Any) -> Any:
     return None
 
 
-class _BarHandler(logging.Handler):
-    """Write records to stderr, through ``tqdm.write`` while a progress bar is open (the bar stays whole)."""
-
-    def __init__(self, console: Console) -> None:
-        super().__init__()
-        self.console = console
-        self.setFormatter(logging.Formatter("%(message)s"))
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            text = self.format(record)
-            bar = progress_bar(self.console.trainer)
-            if bar is not None:
-                bar.write(text, file=sys.stderr)
-            else:
-                sys.stderr.write(text + "\n")
-                sys.stderr.flush()
-        except Exception:  # logging's own policy: report the broken handler, never raise into training
-            self.handleError(record)
-
-
 class Console:
-    """The ``loopguard`` logger's level and handler for one training run (see the module docs).
+    """Where one callback's lines go in a training run (see the module docs).
 
-    Several callbacks of one run share it: the first :meth:`open` sets it up, the last :meth:`close`
-    restores the logger.
+    Before :meth:`open` (outside training) every line at INFO or above passes, on the logger's terms.
     """
-
-    _opened = 0
-    _saved_level = logging.NOTSET
-    _handler: _BarHandler | None = None
 
     def __init__(self) -> None:
         self.trainer: Any = None
         self.main = True
-        self._open = False
+        self.level = logging.INFO
 
     def open(self, trainer: Any, args: Any, state: Any) -> None:
-        """Follow ``trainer``'s log level and progress bar until :meth:`close` (idempotent)."""
+        """Follow ``trainer``'s log level and progress bar from now on."""
         self.trainer = trainer
         self.main = bool(getattr(state, "is_world_process_zero", True))
-        if self._open:
-            return
-        self._open = True
-        if Console._opened == 0:
-            Console._saved_level = logger.level
-        Console._opened += 1
-        logger.setLevel(_process_level(args))
-        if Console._handler is None and not logger.hasHandlers():
-            Console._handler = _BarHandler(self)
-            logger.addHandler(Console._handler)
+        self.level = _process_level(args)
 
-    def close(self) -> None:
-        """Give the logger back as it was before the first :meth:`open` of the run."""
-        if not self._open:
-            return
-        self._open = False
-        Console._opened -= 1
-        if Console._opened == 0:
-            logger.setLevel(Console._saved_level)
-            if Console._handler is not None:
-                logger.removeHandler(Console._handler)
-                Console._handler = None
+    def emit(self, level: int, text: str, *, everywhere: bool = False) -> bool:
+        """One line at ``level`` (main process only unless ``everywhere``); returns whether it went out."""
+        if (not everywhere and not self.main) or level < self.level or logger.disabled:
+            return False
+        if logger.level != logging.NOTSET and level < logger.level:
+            return False
+        if logger.hasHandlers():
+            record = logger.makeRecord(logger.name, level, "loopguard", 0, text, (), None)
+            logger.handle(record)  # the user's handlers (their levels and filters apply)
+            return True
+        bar = progress_bar(self.trainer)
+        if bar is not None:
+            bar.write(text, file=sys.stderr)
+        else:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        return True
 
-    def status(self, level: int, text: str) -> None:
-        """One status line (main process only: every rank decides the same)."""
-        if self.main:
-            logger.log(level, text)
+    def status(self, level: int, text: str) -> bool:
+        """A status line (main process only: every rank decides the same)."""
+        return self.emit(level, text)
 
     def postfix(self, text: str) -> None:
         """Show ``text`` in the progress bar's postfix (main process; no bar, nothing)."""
@@ -155,9 +128,6 @@ def alert(trainer: Any, title: str, text: str) -> list[str]:
             send(title=title, text=text, level=level)
             done.append(attribute)
     return done
-
-
-_TEXT_TRACKERS = ("TensorBoardCallback", "WandbCallback", "TrackioCallback")
 
 
 def takes_text(trainer: Any) -> bool:

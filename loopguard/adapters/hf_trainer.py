@@ -204,7 +204,7 @@ class _Bound(TrainerCallback):
             f"loopguard: {type(self).__name__}.{event} failed at step {step} ({self.errors} failure(s) so "
             f"far; training continues, on_error='raise' makes this fatal): {type(error).__name__}: {error}"
         )
-        logger.error(message)
+        self._console.emit(logging.ERROR, message, everywhere=True)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
         self._record_failure(event, error, step, message)
 
@@ -236,10 +236,8 @@ class _Bound(TrainerCallback):
         try:
             self._start(args, state)
         except LoopguardError:
-            self._console.close()
             raise
         except Exception as error:  # never silently off: a callback that cannot start stops the run
-            self._console.close()
             msg = (
                 f"{type(self).__name__} could not start, so training does not start without it: "
                 f"{type(error).__name__}: {error}"
@@ -250,14 +248,13 @@ class _Bound(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        """Say how the run went (:meth:`_end`), then give the ``loopguard`` logger back."""
+        """Say how the run went (:meth:`_end`)."""
+        if not self._ready:
+            return
         try:
-            if self._ready:
-                self._end(args, state)
+            self._end(args, state)
         except Exception as error:  # the failure policy (module docs)
             self._failed("on_train_end", error, int(state.global_step))
-        finally:
-            self._console.close()
 
     def _end(self, args: TrainingArguments, state: TrainerState) -> None:
         """What the callback says when training ends (subclasses)."""
@@ -756,7 +753,7 @@ class RewardHackMitigator(_Observer):
             "(taps=[...]), scored by a GoldAudit(gold_fn=...) judge or an RMEnsemble of reward models. "
             "Pass mode='log_only' to only log."
         )
-        logger.warning(message)
+        self._console.emit(logging.WARNING, message)
         self._warn_once("no_vote", message)
 
     def _log_session(self, state: TrainerState, run: Run) -> None:
@@ -858,7 +855,9 @@ class RewardHackMitigator(_Observer):
             self._store = RollbackStore(manager, self.checkpoint_every, guard=self.guard)
             self._own_store = True
             _start_store(self._store, run, state)
-            logger.info("loopguard: rollback checkpoints every %d steps, %s", self.checkpoint_every, why)
+            self._console.status(
+                logging.INFO, f"loopguard: rollback checkpoints every {self.checkpoint_every} steps, {why}"
+            )
         if self._own_store and self._store is not None and int(state.global_step) == 0:
             # the policy training starts from is good by definition: the rollback target of a flaw that pays
             # from the first step, before any later checkpoint could be confirmed
@@ -910,7 +909,9 @@ class RewardHackMitigator(_Observer):
         except (OSError, LoopguardError) as error:
             msg = f"loopguard cannot resume from {path}: {error} To go on: {how}"
             raise ConfigError(msg) from None
-        logger.info("loopguard: restored the mitigator state from %s (beta %s)", path, self.beta)
+        self._console.status(
+            logging.INFO, f"loopguard: restored the mitigator state from {path} (beta {self.beta})"
+        )
 
     def _on_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl) -> None:
         """Observe the step's generation batches (each once), decide, apply, log; save a checkpoint if due."""
@@ -978,11 +979,11 @@ class RewardHackMitigator(_Observer):
             control.should_training_stop = True
             if self.restore_on_stop and self._store is not None:
                 extra.update(self._restore_at_stop(decision, args, state))
-            logger.warning("loopguard stopped training: %s", decision.explanation)
+            self._console.status(logging.WARNING, f"loopguard stopped training: {decision.explanation}")
         elif decision.action == "rollback":
-            logger.warning("loopguard: %s", decision.explanation)
+            self._console.status(logging.WARNING, f"loopguard: {decision.explanation}")
         elif decision.action != "none":
-            logger.debug("loopguard: %s", decision.explanation)
+            self._console.status(logging.DEBUG, f"loopguard: {decision.explanation}")
         self._announce(decision)
         self.last_decision = decision
         self._since_log["verdict"] = _worse(self._since_log.get("verdict"), VERDICT_CODES[decision.verdict])
@@ -1060,9 +1061,8 @@ class RewardHackMitigator(_Observer):
             return {"rollback_error": f"{type(error).__name__}: {error}"}
         entry = {"step": int(decision.step), "restored_step": restored}
         self.rollbacks.append(entry)
-        logger.warning(
-            "loopguard: rolled back to the checkpoint of step %d at step %d", restored, decision.step
-        )
+        line = f"loopguard: rolled back to the checkpoint of step {restored} at step {decision.step}"
+        self._console.status(logging.WARNING, line)
         out: dict[str, Any] = {"rolled_back_to": restored}
         if decision.reanchor:
             try:
@@ -1086,9 +1086,8 @@ class RewardHackMitigator(_Observer):
         except Exception as error:
             self._failed("restore_on_stop", error, int(decision.step))
             return {"restore_error": f"{type(error).__name__}: {error}"}
-        logger.warning(
-            "loopguard: stopped at step %d with the weights of step %d restored", decision.step, restored
-        )
+        line = f"loopguard: stopped at step {decision.step} with the weights of step {restored} restored"
+        self._console.status(logging.WARNING, line)
         return {"restored_at_stop": restored}
 
     def metrics(self) -> dict[str, float]:
