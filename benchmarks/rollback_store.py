@@ -8,7 +8,8 @@ Usage::
 The one-liner keeps ``KEEP_LAST`` (3) rollback checkpoints. It keeps them in memory when one process trains
 and ``3 x checkpoint_bytes(model)`` fits ``IN_MEMORY_LIMIT`` (2 GiB), else on disk in ``output_dir``
 (``loopguard/adapters/_respond.py``: ``default_manager``). ``checkpoint_bytes`` is the rule's estimate of one
-checkpoint: every parameter's bytes, plus two float32 Adam moments per trainable parameter.
+checkpoint: the saved weights' bytes (every parameter; a PEFT model's adapters only), plus two Adam moments
+per trainable parameter in its dtype.
 
 For each policy shape (built from a config on the ``meta`` device: no memory, no download) and each set-up
 (full fine-tuning in float32 or bfloat16; LoRA r=16 on a bfloat16 base), the script reports:

@@ -20,7 +20,6 @@ from peft import LoraConfig
 from trl import GRPOConfig, GRPOTrainer
 
 from loopguard import EscalationLadder, Guard, RewardHackMitigator, read_mitigation_log
-from loopguard.checkpoint import CheckpointManager
 
 quiet()
 model_id, tokenizer = tiny_policy(initializer_range=0.2)  # SWAP: your model id and its tokenizer
@@ -52,10 +51,8 @@ trainer = GRPOTrainer(
         task_type="CAUSAL_LM",
     ),
 )
-mitigator = RewardHackMitigator(
-    guard=Guard(mode="kl_control", ladder=EscalationLadder(reanchor=False)),
-    checkpoint=CheckpointManager(in_memory=True, keep_last=3),  # small adapter checkpoints (one process)
-)
+# its own rollback store keeps only the adapter (and its optimizer state): in memory in one process
+mitigator = RewardHackMitigator(guard=Guard(mode="kl_control", ladder=EscalationLadder(reanchor=False)))
 trainer.add_callback(mitigator)
 trainer.train()
 

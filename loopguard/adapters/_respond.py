@@ -43,16 +43,23 @@ _ATTRIBUTE = "__loopguard_penalised__"
 
 
 def checkpoint_bytes(model: Any) -> int:
-    """The size of one rollback checkpoint: the parameters, plus two Adam moments per trainable parameter.
+    """The size of one rollback checkpoint: the weights it saves, plus two Adam moments per trainable one.
 
-    The optimizer's state may not exist yet at the start of training (Adam creates it on the first step), so
-    it is estimated as two float32 tensors per trainable parameter.
+    The weights are what :class:`~loopguard.checkpoint.CheckpointManager` saves: every parameter, or only the
+    adapters (the trainable parameters) of a ``peft.PeftModel``. The optimizer's state may not exist yet at
+    the start of training (Adam creates it on the first step), so it is estimated as two tensors per
+    trainable parameter in that parameter's dtype (``torch.optim.AdamW`` makes them with ``zeros_like``).
     """
+    from loopguard.checkpoint._state import peft_module
+
+    adapters_only = peft_module(model) is not None
     total = 0
     for parameter in model.parameters():
-        total += parameter.numel() * parameter.element_size()
+        size = parameter.numel() * parameter.element_size()
         if parameter.requires_grad:
-            total += 2 * parameter.numel() * 4
+            total += 3 * size
+        elif not adapters_only:
+            total += size
     return int(total)
 
 

@@ -171,6 +171,9 @@ def test_the_own_store_rule_memory_for_one_small_process_disk_otherwise(tmp_path
 
     model = torch.nn.Linear(10, 10)  # 110 float32 parameters: 440 bytes, plus 880 bytes of Adam moments
     assert _respond.checkpoint_bytes(model) == 110 * 4 * 3
+    frozen = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 2)).to(torch.bfloat16)
+    frozen[0].requires_grad_(False)  # saved, no moments; the trained layer's moments are bfloat16 too
+    assert _respond.checkpoint_bytes(frozen) == 110 * 2 + 22 * 2 * 3
     manager, why = _respond.default_manager(model, world_size=1, directory=str(tmp_path / "store"))
     assert manager.in_memory
     assert "in memory" in why
