@@ -67,7 +67,7 @@ class Runs:
     def output(self, name: str) -> str:
         done = self._futures[name].result()
         assert done.returncode == 0, f"{name} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
-        return done.stdout
+        return f"{done.stdout}\n{done.stderr}"  # stderr: loopguard's status lines
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
@@ -116,6 +116,12 @@ def check_grpo_one_liner(output: str) -> None:
         re.findall(r"loopguard/\w+", logged)
     )  # trainer's logs
     assert "Raised beta 0.04 ->" in _line(output, "first action: step")  # explained, with numbers
+    # printed through the trainer's logging while it ran (stderr): a status line at the first WARN / HACK,
+    # the start of the raises, and the end-of-run summary
+    alarm = _line(output, "loopguard: step ")
+    assert re.search(r"^loopguard: step \d+: OK -> (WARN|HACK) \(vote ", output, re.MULTILINE), output
+    assert re.search(r"^loopguard: step \d+: .*; raised beta 0\.04 -> ", output, re.MULTILINE), alarm
+    assert re.search(r"^loopguard summary:\nMitigation log \(run [\w-]+\): 30 steps observed", output, re.M)
 
 
 def check_grpo_full_protection(output: str) -> None:

@@ -37,13 +37,16 @@ MAX_WORDS = 8  # the longest completion, in words (one word is one token)
 
 
 def quiet() -> None:
-    """Progress bars and library warnings off; one torch thread (fastest for a model this small)."""
+    """Progress bars and Python warnings off; one torch thread (fastest for a model this small).
+
+    transformers' logging stays at its default (WARNING), as in your own script: loopguard's status lines
+    follow it (see docs/trl.md, "What you see while it runs").
+    """
     import datasets
     import torch
     import transformers
 
     torch.set_num_threads(1)
-    transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     datasets.disable_progress_bars()
     warnings.filterwarnings("ignore", category=UserWarning)

@@ -5,9 +5,10 @@ The callbacks speak through the ``loopguard`` Python logger, following the train
 
 * **Level.** ``TrainingArguments.get_process_log_level()`` decides, as it does for transformers' own logger:
   ``log_level`` on the main process, ``log_level_replica`` on the others. Left at ``"passive"`` on the main
-  process, loopguard's status lines (warm-up done, verdict changes, the end-of-run summary) are shown, at
-  INFO, like the trainer's own progress output; an explicit level is obeyed (``"warning"`` keeps the WARN /
-  HACK lines, rollbacks, stops and failures; ``"error"`` keeps failures only). A level set on the
+  process (transformers' verbosity, WARNING unless the script set it), loopguard's status lines (warm-up
+  done, verdict changes, the end-of-run summary) are shown, at INFO, like the trainer's own progress
+  output, unless the verbosity was set above WARNING; an explicit level is obeyed (``"warning"`` keeps the
+  WARN / HACK lines, rollbacks, stops and failures; ``"error"`` keeps failures only). A level set on the
   ``loopguard`` logger itself (``logging.getLogger("loopguard").setLevel(...)``) is obeyed too.
 * **Where the lines go.** A line that passes becomes a record of the ``loopguard`` logger, handed to the
   handlers of a ``logging`` configuration of the user's own (a handler on that logger or an ancestor). When
@@ -40,13 +41,18 @@ _TEXT_TRACKERS = ("TensorBoardCallback", "WandbCallback", "TrackioCallback")
 
 
 def _process_level(args: Any) -> int:
-    """The level of loopguard's lines in this process, from the trainer's arguments."""
-    main = bool(getattr(args, "should_log", True))
-    chosen = getattr(args, "log_level" if main else "log_level_replica", "passive")
-    if main and chosen == "passive":
-        return _PASSIVE_LEVEL
+    """The level of loopguard's lines in this process, from the trainer's arguments.
+
+    ``get_process_log_level()`` is transformers' rule; ``"passive"`` on the main process reads transformers'
+    verbosity there, WARNING unless the script changed it: loopguard shows its status lines (INFO) then,
+    and follows a verbosity set higher (``transformers.logging.set_verbosity_error()`` silences them).
+    """
     getter = getattr(args, "get_process_log_level", None)
-    return int(getter()) if callable(getter) else logging.WARNING
+    level = int(getter()) if callable(getter) else logging.WARNING
+    main = bool(getattr(args, "should_log", True))
+    if main and getattr(args, "log_level", "passive") == "passive" and level <= logging.WARNING:
+        return min(level, _PASSIVE_LEVEL)
+    return level
 
 
 def progress_bar(trainer: Any) -> Any:
