@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 import torch
+import transformers
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 from transformers import TrainerCallback
 
@@ -91,13 +92,18 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
         report_to=["tensorboard"],
         logging_steps=5,
         disable_tqdm=False,
+        log_level="info",  # these tests silence transformers (adapter_helpers); this run asks for INFO
     )
     spy = Spy(probe=lambda t, _state: progress_bar(t).postfix)
     spy.trainer = trainer
     trainer.add_callback(mitigator)  # exactly the line users write: no trainer= argument
     trainer.add_callback(spy)
-    with LoopguardLines() as lines:
-        trainer.train()
+    verbosity = transformers.logging.get_verbosity()
+    try:
+        with LoopguardLines() as lines:
+            trainer.train()
+    finally:
+        transformers.logging.set_verbosity(verbosity)  # the trainer set transformers' verbosity to INFO
 
     assert mitigator.trainer is trainer
     records = _records(tmp_path)
