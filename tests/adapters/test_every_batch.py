@@ -4,7 +4,10 @@
   ``steps_per_generation x num_iterations < gradient_accumulation_steps``): every batch is observed, and the
   step's observation holds the union of what the reward functions were given.
 * Unscorable completions (every reward function returned None) are left out, as TRL leaves them out: the
-  observed rewards are TRL's, never 0 in their place, and groups that lose members stay groups.
+  observed rewards are TRL's, never 0 in their place, and groups that lose members stay groups. (TRL before 1.6
+  trained them as reward 0 -- nansum -- and counted them in its logged reward; the Guard leaves them out on every
+  supported version.)
+* A shaped reward: the Guard reads the raw reward while TRL trains on the shaped one.
 """
 
 import zlib
@@ -12,9 +15,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-from adapter_helpers import gold, grpo_trainer
+from adapter_helpers import Spy, gold, grpo_trainer, trl_at_least
 
-from loopguard import Guard, RewardHackMitigator, read_mitigation_log
+from loopguard import Guard, RewardHackMitigator, read_mitigation_log, shape_reward
 
 
 def _record_observations(mitigator):
@@ -85,6 +88,7 @@ def test_unscorable_completions_are_left_out_as_trl_does(model_dir, tokenizer, t
         given[trainer_state.global_step + 1] = (list(completions), out)
         return out
 
+    trl_excludes = trl_at_least("1.6")  # huggingface/trl#5902: unscorable rows out of TRL's baseline and logs
     trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [verifier], max_steps=8, learning_rate=0.0)
     mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
     observed = _record_observations(mitigator)
@@ -101,18 +105,60 @@ def test_unscorable_completions_are_left_out_as_trl_does(model_dir, tokenizer, t
         dropped_somewhere |= len(scored) < len(rewards)
         assert list(obs.rewards) == pytest.approx(scored)  # TRL's rewards: unscorable rows left out, never 0
         assert list(obs.completions) == [c for c, r in zip(completions, rewards, strict=True) if r is not None]
-        assert float(np.mean(obs.rewards)) == pytest.approx(per_step[obs.step]["reward"], abs=1e-6)
+        if trl_excludes:
+            assert float(np.mean(obs.rewards)) == pytest.approx(per_step[obs.step]["reward"], abs=1e-6)
+        else:  # TRL's logged reward counts the unscorable rows as 0; the Guard's does not
+            assert sum(scored) / len(rewards) == pytest.approx(per_step[obs.step]["reward"], abs=1e-6)
         # groups keep their members (ragged where a completion was unscorable), in order
         sizes = obs.group_sizes if obs.group_sizes is not None else (obs.group_size,) * (len(obs.rewards) // 4)
         expected = [sum(r is not None for r in rewards[g : g + 4]) for g in range(0, len(rewards), 4)]
         assert list(sizes) == [n for n in expected if n]
     assert dropped_somewhere
-    # A frozen policy with a continuous reward: TRL sees no zero-variance group, and neither does the Guard
-    # (before, the unscorable completions scored 0 made whole groups look collapsed).
+    # A frozen policy with a continuous reward: the Guard sees no zero-variance group, and neither does TRL 1.6+
+    # (TRL 1.0-1.5 scores the unscorable rows 0, so a group with none scorable is flat there).
     log = read_mitigation_log(tmp_path / "mitigation_log.jsonl")
     records = [r for r in log if r.get("event", "decision") == "decision"]
-    assert [r["extra"]["adapter"]["trainer_metrics"]["frac_reward_zero_std"] for r in records] == [0.0] * 8
     assert [r["signals"]["collapse.zero_std_groups"] for r in records] == [0.0] * 8
+    trainer_zero_std = [r["extra"]["adapter"]["trainer_metrics"]["frac_reward_zero_std"] for r in records]
+    if trl_excludes:
+        assert trainer_zero_std == [0.0] * 8
+    else:
+        assert max(trainer_zero_std) > 0.0
+
+
+def test_the_guard_reads_the_raw_reward_while_trl_trains_on_the_shaped_one(model_dir, tokenizer, tmp_path):
+    """On every supported TRL: the Observation holds the reward function's raw outputs, completion by
+    completion, while TRL's per-function rewards (what its advantages are computed from) are the shaped ones."""
+
+    def proxy(completions, **kwargs):
+        return [float(len(text.split())) for text in completions]
+
+    shaped = shape_reward(proxy, "length", 0.5, target_length=2)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [shaped], max_steps=4)
+    mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3))
+    observed = _record_observations(mitigator)
+    spy = Spy(
+        probe=lambda t, _state: (list(t._logs["completion"]), list(t._logs["rewards"]["proxy"]), shaped.last_call)
+    )
+    spy.trainer = trainer
+    trainer.add_callback(mitigator)
+    trainer.add_callback(spy)
+    trainer.train()
+
+    assert [obs.step for obs in observed] == [1, 2, 3, 4]
+    trained_means = {e["step"]: e["rewards/proxy/mean"] for e in trainer.state.log_history if "loss" in e}
+    for obs in observed:
+        completions, trained, call = spy.probes[obs.step]
+        raw = proxy(completions)
+        assert list(call.raw) == raw  # the wrapper's own record of the step's batch
+        assert list(call.shaped) == pytest.approx(trained)
+        assert list(obs.completions) == completions
+        assert list(obs.rewards) == pytest.approx(raw)  # the Guard scores the raw reward
+        penalties = [r - t for r, t in zip(raw, trained, strict=True)]
+        assert penalties == pytest.approx(list(call.penalties))  # TRL trains on raw - penalty
+        assert min(penalties) >= 0.0
+        assert np.mean(trained) < np.mean(raw) - 0.1  # lower, and by a margin
+        assert trained_means[obs.step] == pytest.approx(np.mean(trained), abs=1e-5)  # what TRL logs too
 
 
 def test_rloo_every_batch_of_a_step_and_unscorable_completions(model_dir, tokenizer, tmp_path):
