@@ -47,9 +47,15 @@ NEWEST = {
 LINES = {"floor": FLOOR, "newest": NEWEST}
 
 # Every test that drives TRL, transformers, Accelerate or PEFT code: the adapters on real TRL trainers (GRPO,
-# RLOO, online DPO, DPO), shape_reward against TRL's reward-function rules, the 2-process GRPO and Accelerate
-# runs, and iterative DPO (TRL's DPOTrainer, PEFT adapters).
-TESTS = ("tests/adapters", "tests/test_shaping.py", "tests/distributed", "tests/recipes")
+# RLOO, online DPO, DPO), shape_reward against TRL's reward-function rules, the docs' recipe scripts, the
+# 2-process GRPO and Accelerate runs, and iterative DPO (TRL's DPOTrainer, PEFT adapters).
+TESTS = (
+    "tests/adapters",
+    "tests/test_shaping.py",
+    "tests/test_recipes.py",
+    "tests/distributed",
+    "tests/recipes",
+)
 
 _CHECK = """
 import sys
