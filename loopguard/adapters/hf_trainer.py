@@ -347,6 +347,26 @@ def _start_store(store: RollbackStore, run: Run, state: TrainerState) -> None:
         )
 
 
+def _check_raw_rewards_logged(trainer: Any) -> None:
+    """A ``shape_reward`` wrapper that keeps its raw reward out of TRL's logs would hide it from the Guard.
+
+    Read from TRL's per-completion logs, the Guard scores a shaped function's raw reward only through the
+    ``"<name>/unshaped"`` column the wrapper logs; with ``log_to_trainer=False`` it would score the shaped
+    reward, which the penalty pushes down exactly when the hack pushes the raw one up.
+    """
+    for fn in getattr(trainer, "reward_funcs", None) or ():
+        config = getattr(fn, "shaping", None)
+        if config is not None and getattr(config, "log_to_trainer", True) is False:
+            name = getattr(fn, "__name__", type(fn).__name__)
+            msg = (
+                f"reward function {name!r} is a shape_reward(..., log_to_trainer=False) wrapper: its raw "
+                "reward never reaches TRL's logs, so loopguard would score the shaped reward (which the "
+                "penalty lowers exactly when a hack raises the raw one). Pass log_to_trainer=True, or wrap "
+                "it with loopguard.tap(...) and pass taps=[...] (a tap records the raw reward)."
+            )
+            raise ConfigError(msg)
+
+
 def _normalises_advantages(args: Any) -> bool:
     """Whether the trainer divides advantages by their spread (GRPO's ``scale_rewards``, RLOO's option)."""
     scale = getattr(args, "scale_rewards", None)
@@ -720,6 +740,8 @@ class RewardHackMitigator(_Observer):
             )
             raise ConfigError(msg)
         self._members = self._ensemble_members(trainer)
+        if isinstance(self._source, GenerationSource):
+            _check_raw_rewards_logged(trainer)
         if mode != "log_only" and isinstance(self._source, MetricSource):
             self._warn_no_vote(trainer)
         run = resolve_run(trainer, args, state, self._resume_from, self._sync)

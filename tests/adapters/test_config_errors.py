@@ -184,3 +184,13 @@ def test_the_own_store_rule_memory_for_one_small_process_disk_otherwise(tmp_path
     manager, why = _respond.default_manager(model, world_size=1, directory=str(tmp_path / "other"))
     assert not manager.in_memory
     assert "on disk" in why
+
+
+def test_a_shaped_reward_that_hides_its_raw_reward_fails_at_train_start(model_dir, tokenizer, tmp_path):
+    shaped = loopguard.shape_reward(make_echo_reward(5), "length", 0.5, target_length=2, log_to_trainer=False)
+    trainer = grpo_trainer(model_dir, tokenizer, tmp_path, [shaped], max_steps=3)
+    trainer.add_callback(RewardHackMitigator(mode="log_only"))
+    with pytest.raises(ConfigError, match=r"'echo_reward' is a shape_reward\(\.\.\., log_to_trainer=False\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
