@@ -16,8 +16,8 @@ writes the same beta, rolls back together and stops together. What you provide:
   every rank restores;
 * the same script on every rank, so each adds the same callback.
 
-The mitigation log and ``loopguard_state.json`` are written by rank 0 only. Each rank prints one line at the
-end (its beta, rollbacks and a digest of its weights): they agree.
+The mitigation log and ``loopguard_state.json`` are written by rank 0 only. Each rank makes one line at the
+end (its beta, rollbacks and a digest of its weights), and rank 0 prints them all: they agree.
 """
 
 import argparse
@@ -28,6 +28,7 @@ import tempfile
 
 import torch
 from _tiny import flawed_reward, prompts, quiet, tiny_policy
+from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 
 from loopguard import RewardHackMitigator, read_mitigation_log
@@ -68,10 +69,14 @@ for name, tensor in sorted(trainer.model.state_dict().items()):
     weights.update(name.encode() + tensor.detach().cpu().contiguous().numpy().tobytes())
 guard_state = hashlib.sha256(json.dumps(mitigator.guard.state_dict(), sort_keys=True).encode()).hexdigest()
 rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
-print(f"rank {rank} of {world}: run {mitigator.run_id}, final beta {trainer.beta:.6g}, rollbacks "
-      f"{mitigator.rollbacks}, guard state {guard_state[:16]}, weights {weights.hexdigest()[:16]}",
-      flush=True)  # fmt: skip
+line = (
+    f"rank {rank} of {world}: run {mitigator.run_id}, final beta {trainer.beta:.6g}, rollbacks "
+    f"{mitigator.rollbacks}, guard state {guard_state[:16]}, weights {weights.hexdigest()[:16]}"
+)
+# Every rank's line, printed by rank 0: two processes writing one stdout can split each other's lines.
+lines = gather_object([line])
 if trainer.accelerator.is_main_process:
+    print("\n".join(lines), flush=True)
     decisions = [
         r for r in read_mitigation_log(os.path.join(output_dir, "mitigation_log.jsonl"))
         if r["event"] == "decision" and r["run"] == mitigator.run_id
