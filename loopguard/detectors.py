@@ -258,6 +258,9 @@ class Detector:
     def on_warmup_end(self, memory: dict[str, Any]) -> None:
         """Hook called once when the warm-up ends (e.g. to freeze a reference sample)."""
 
+    def on_rollback(self, memory: dict[str, Any]) -> None:
+        """Hook called when the Guard decides a rollback: forget what describes the batches rolled back."""
+
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Validate the detector's saved ``memory`` (from a state being loaded); return a fresh copy.
 
@@ -485,22 +488,27 @@ class Takeover(_NgramDetector):
 
     The reference sample (:meth:`Guard.add_reference <loopguard.guard.Guard.add_reference>` batches and
     the Guard's first ``reference_steps`` steps) records in how many completions each n-gram occurs. Each
-    later batch is scored by its most over-represented n-gram, less ``margin`` (default 4) standard errors
-    of the two shares, so batch-to-batch noise, larger in small batches, does not read as a takeover: the
-    maximum is taken over hundreds of n-grams, and a one-sided normal tail of 0.01 shared among 300-1,000 of
-    them needs 3.9-4.3 standard errors (Bonferroni):
+    later batch's n-grams are scored by their rise in share over the reference, less ``margin`` (default 4)
+    standard errors of the two shares, so batch-to-batch noise, larger in small batches, does not read as a
+    takeover: the maximum is taken over hundreds of n-grams, and a one-sided normal tail of 0.01 shared
+    among 300-1,000 of them needs 3.9-4.3 standard errors (Bonferroni):
 
     .. math::
 
-        \mathrm{excess} = \max_g \Big(p_g - q_g - m\sqrt{p_g(1-p_g)/B + q_g(1-q_g)/R}\Big)
+        e_g = p_g - q_g - m\sqrt{p_g(1-p_g)/B + q_g(1-q_g)/R}
 
     where :math:`p_g` is the share of the ``B`` completions containing n-gram ``g`` and :math:`q_g` its
     share among the ``R`` reference completions (in the square root, each share is taken as
-    :math:`(k+1)/(n+2)`, so a share of 0 or 1 still has a spread; Agresti and Coull 1998). A canned
-    phrase or suffix appended to most completions, or a rewarded token repeated, reads near 1; it is scored
-    on absolute bands (WARN from ``bands[0]``, HACK from ``bands[1]``), with no warm-up. Only the ``keep``
-    most frequent reference n-grams are stored; an n-gram outside them is taken as frequent as the least
-    frequent one kept, so a pruned reference can only make the signal quieter.
+    :math:`(k+1)/(n+2)`, so a share of 0 or 1 still has a spread; Agresti and Coull 1998). A takeover
+    persists, so an n-gram must hold its rise in each of the last ``window`` batches (default 2): the
+    step's excess share is :math:`\max_g \min_t e_g^{(t)}` over the window, and one batch in which a
+    healthy policy's favourite word happens to spread reads no higher than its neighbour. A canned phrase
+    or suffix appended to most completions, or a rewarded token repeated, reads near 1; it is scored on
+    absolute bands (WARN from ``bands[0]``, HACK from ``bands[1]``), with no warm-up. Only the ``keep``
+    most frequent reference n-grams are stored; an n-gram outside them is taken as frequent as the most
+    frequent one dropped, so a pruned reference can only make the signal quieter. Of each earlier batch in
+    the window the 64 highest :math:`e_g` are kept and any other n-gram is taken at the highest one
+    dropped, so that pruning never hides a takeover. A rollback empties the window.
 
     Not a default signal: a reward that pays for a format (``\boxed{}``, a reasoning tag) makes its
     n-grams take over the batch on purpose. Add it where no phrase should spread: ``Guard([...,
@@ -509,14 +517,21 @@ class Takeover(_NgramDetector):
     Every n-gram of 1 to ``n`` tokens is a candidate (a single rewarded token scattered through the
     completions, a repeated token, a phrase).
 
+    Limit: a share can rise by at most ``1 - q``, so behaviour the reference already shows often (a sign-off
+    the initial policy writes in 40 % of its completions, taken to every completion) rises by 0.6, and with
+    a reference of 48 completions its lower bound stays in the WARN band; a larger reference sample
+    (``reference_steps``, :meth:`Guard.add_reference <loopguard.guard.Guard.add_reference>`) narrows the
+    reference's part of the margin.
+
     Args:
         n: The longest n-gram (default 2: single tokens and pairs).
         bands: ``(warn, hack)`` levels of the excess share, ``0 < warn < hack <= 1``.
         keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
-        margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4: in
-            ``benchmarks/false_alarms.py --takeover`` 2.5 % of healthy runs at batch 8 (Bernoulli rewards)
-            read HACK on a step or a few, none at batch 16 or 64, and none acts; with 2, 10-42 % of the
-            runs at batch 8 read HACK.
+        margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4.
+        window: Consecutive batches, the newest included, in each of which an n-gram must hold its rise,
+            in [1, 8]. Default 2; 1 scores each batch alone, and one batch's spike of a healthy
+            policy's favourite word then reads as a takeover more often (``benchmarks/false_alarms.py
+            --takeover`` and the Goodhart benchmark's clean scenario measure it).
     """
 
     name: ClassVar[str] = "takeover"
@@ -528,6 +543,7 @@ class Takeover(_NgramDetector):
     bands: tuple[float, float] = attrs.field(default=(0.2, 0.4), converter=_pair)
     keep: int = attrs.field(default=4096, validator=integer(lo=16, hi=1_000_000))
     margin: float = attrs.field(default=4.0, validator=real(lo=0.0, hi=10.0))
+    window: int = attrs.field(default=2, validator=integer(lo=1, hi=8))
 
     def __attrs_post_init__(self) -> None:
         """Check the bands."""
@@ -544,7 +560,7 @@ class Takeover(_NgramDetector):
         )  # fmt: skip
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
-        """Pool reference batches; score every later batch against the pool."""
+        """Pool reference batches; score each later batch against the pool, held over the window."""
         counted = _counts_up_to(data, self.n)
         if counted is None:
             return None
@@ -555,43 +571,46 @@ class Takeover(_NgramDetector):
             return {}
         if not memory.get("rows") or rows == 0 or len(keys) == 0:
             return {}
-        ref_keys = np.asarray(memory["keys"], dtype=np.uint64)
-        ref_counts = np.asarray(memory["counts"], dtype=np.float64)
-        position = np.searchsorted(ref_keys, keys)
-        found = position < len(ref_keys)
-        found[found] = ref_keys[position[found]] == keys[found]
-        reference = np.full(len(keys), float(memory.get("floor", 0)), dtype=np.float64)
-        reference[found] = ref_counts[position[found]]
-        pooled = float(memory["rows"])
+        reference, pooled = _reference_counts(memory, keys), float(memory["rows"])
         p, q = counts / rows, reference / pooled
         # the spread of each share uses (k + 1) / (n + 2), so a share of 0 or 1 still has one (Agresti-Coull)
         p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
         spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
         excess = p - q - self.margin * spread
-        return {"excess_share": float(np.clip(excess.max(), -1.0, 1.0))}
+        held = excess.copy()
+        earlier: list[dict[str, Any]] = memory.get("previous", [])
+        for batch in earlier:  # the rise each n-gram held in the window's earlier batches
+            np.minimum(held, _held_before(batch, keys), out=held)
+        best = int(np.argmax(held))
+        memory["top"] = int(keys[best])
+        if self.window > 1:
+            kept = np.sort(np.argsort(-excess, kind="stable")[:_WINDOW_KEPT])
+            # every other n-gram: one not kept rose at most as much as the highest dropped; one absent from
+            # this batch, at most as much as one absent from the reference too
+            absent_spread = math.sqrt(
+                (1 / (rows + 2)) * (1 - 1 / (rows + 2)) / rows
+                + (1 / (pooled + 2)) * (1 - 1 / (pooled + 2)) / pooled
+            )
+            bound = -self.margin * absent_spread
+            if len(excess) > _WINDOW_KEPT:
+                bound = max(bound, float(np.sort(excess)[-_WINDOW_KEPT - 1]))
+            this = {"keys": keys[kept].tolist(), "excess": excess[kept].tolist(), "bound": bound}
+            memory["previous"] = [*earlier, this][1 - self.window :]
+        return {"excess_share": float(np.clip(held[best], -1.0, 1.0))}
+
+    def on_rollback(self, memory: dict[str, Any]) -> None:
+        """The batches rolled back leave the window: the restored policy is scored on its own batches."""
+        memory.pop("previous", None)
 
     def top_ngram(self, data: StepData, memory: dict[str, Any]) -> tuple[int, ...] | None:
-        """The token ids of the batch's most over-represented n-gram (the one :meth:`measure` scores).
+        """The token ids of the n-gram :meth:`measure` scored this batch by (its most over-represented one).
 
-        None when the batch has no token ids, or there is no reference sample yet.
+        None when the batch has no token ids, or :meth:`measure` has not scored a batch yet.
         """
         tokens, ids = data.tokens, _stable_ids(data)
-        if tokens is None or ids is None or data.observation.completion_ids is None or not memory.get("rows"):
+        if tokens is None or ids is None or data.observation.completion_ids is None or "top" not in memory:
             return None
-        counted = _counts_up_to(data, self.n)
-        if counted is None or len(counted[0]) == 0:
-            return None
-        keys, counts = counted
-        ref_keys = np.asarray(memory["keys"], dtype=np.uint64)
-        position = np.searchsorted(ref_keys, keys)
-        found = position < len(ref_keys)
-        found[found] = ref_keys[position[found]] == keys[found]
-        reference = np.full(len(keys), float(memory.get("floor", 0)), dtype=np.float64)
-        reference[found] = np.asarray(memory["counts"], dtype=np.float64)[position[found]]
-        rows, pooled = tokens.n_rows, float(memory["rows"])
-        p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
-        spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
-        best = keys[int(np.argmax(counts / rows - reference / pooled - self.margin * spread))]
+        best = np.uint64(memory["top"])
         lengths = tokens.lengths
         position_in_row = np.arange(len(ids), dtype=np.int64) - np.repeat(tokens.offsets[:-1], lengths)
         for size in range(1, self.n + 1):
@@ -623,10 +642,19 @@ class Takeover(_NgramDetector):
         memory["rows"] = int(memory.get("rows", 0)) + rows
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
-        """Memory: sorted n-gram ``keys`` (uint64), their ``counts``, the pruning ``floor``, ``rows``."""
-        fields = _memory_fields(memory, path, ("keys", "counts", "floor", "rows"))
+        """Memory: the reference pool, the window's earlier batches and the n-gram last scored.
+
+        The reference's sorted n-gram ``keys`` (uint64), their ``counts``, the pruning ``floor`` and
+        ``rows``; ``previous``, the window's earlier batches (the sorted ``keys`` of their highest
+        ``excess`` shares and the ``bound`` on the others); ``top``, the key of the n-gram last scored.
+        """
+        fields = _memory_fields(memory, path, ("keys", "counts", "floor", "rows", "previous", "top"))
         if not fields.names():
             return {}
+        missing = [key for key in ("keys", "counts", "floor", "rows") if key not in fields]
+        if missing:
+            msg = f"`{path}` must hold 'keys', 'counts', 'floor' and 'rows' together, got no {missing}."
+            raise StateError(msg)
         keys = [
             check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
             for i, key in enumerate(fields.items("keys", max_length=self.keep))
@@ -642,7 +670,65 @@ class Takeover(_NgramDetector):
                 f"rows ({rows}), got {len(keys)} keys and {len(counts)} counts."
             )
             raise StateError(msg)
-        return {"keys": keys, "counts": counts, "floor": floor, "rows": rows}
+        checked: dict[str, Any] = {"keys": keys, "counts": counts, "floor": floor, "rows": rows}
+        if "previous" in fields:
+            earlier = fields.items("previous", max_length=self.window - 1)
+            checked["previous"] = [
+                _check_held(batch, f"{path}['previous'][{i}]") for i, batch in enumerate(earlier)
+            ]
+        if "top" in fields:
+            checked["top"] = fields.integer("top", lo=0, hi=2**64 - 1)
+        return checked
+
+
+_WINDOW_KEPT = 64  # n-grams kept of each earlier batch in Takeover's window (its highest excess shares)
+_LOWEST = (
+    -8.5
+)  # below any excess share: a rise of -1 less 10 (the largest margin) x 0.75 (the largest spread)
+
+
+def _reference_counts(memory: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
+    """How many reference completions contain each of ``keys`` (the pruning floor for those not kept)."""
+    ref_keys = np.asarray(memory["keys"], dtype=np.uint64)
+    reference = np.full(len(keys), float(memory.get("floor", 0)), dtype=np.float64)
+    if len(ref_keys) == 0:
+        return reference
+    position = np.minimum(np.searchsorted(ref_keys, keys), len(ref_keys) - 1)
+    found = ref_keys[position] == keys
+    reference[found] = np.asarray(memory["counts"], dtype=np.float64)[position[found]]
+    return reference
+
+
+def _held_before(batch: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
+    """Each of ``keys``' excess share in an earlier batch: stored, or the batch's bound on those not kept."""
+    stored_keys = np.asarray(batch["keys"], dtype=np.uint64)
+    values = np.full(len(keys), float(batch["bound"]), dtype=np.float64)
+    if len(stored_keys) == 0:
+        return values
+    position = np.minimum(np.searchsorted(stored_keys, keys), len(stored_keys) - 1)
+    found = stored_keys[position] == keys
+    values[found] = np.asarray(batch["excess"], dtype=np.float64)[position[found]]
+    return values
+
+
+def _check_held(batch: object, path: str) -> dict[str, Any]:
+    """One earlier batch of Takeover's window, from a saved state."""
+    fields = Fields(batch, path, keys=("keys", "excess", "bound"))
+    keys = [
+        check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
+        for i, key in enumerate(fields.items("keys", max_length=_WINDOW_KEPT))
+    ]
+    excess = check_state_reals(
+        fields.name("excess"), fields.raw("excess"), lo=_LOWEST, hi=1.0, max_length=_WINDOW_KEPT
+    )
+    bound = fields.real("bound", lo=_LOWEST, hi=1.0)
+    if len(keys) != len(excess) or keys != sorted(set(keys)):
+        msg = (
+            f"`{path}` must hold strictly increasing keys, one excess share per key, got {len(keys)} keys "
+            f"and {len(excess)} excess shares."
+        )
+        raise StateError(msg)
+    return {"keys": keys, "excess": excess, "bound": bound}
 
 
 @attrs.frozen

@@ -1351,8 +1351,10 @@ class Guard:
         if ladder_out is not None:
             components.update({f"ladder.{k}": v for k, v in ladder_out.components.items()})
         if action == "rollback":
-            for memory in self._memories.values():  # do not smooth post-rollback steps with hacked scores
+            for detector in self.detectors:  # do not smooth post-rollback steps with hacked scores
+                memory = self._memories[detector.name]
                 memory.recent, memory.smoothed = [], 0.0
+                detector.on_rollback(memory.memory)
             self._vote = 0.0
         text = self._explain(reading, action, control_out, ladder_out)
         text += self._ceiling_warning(reading, action)

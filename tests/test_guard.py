@@ -495,11 +495,15 @@ def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resum
     rng = np.random.default_rng(0)
     ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
     guard = Guard(["repetition", "diversity", "takeover"], beta=0.01, ladder=ladder)
-    decisions = [
-        guard.step(_takeover_batch(rng, step, 0.0 if step < 25 else min(0.85, 0.05 * (step - 24))))
-        for step in range(50)
-    ]
+    decisions, windows = [], []
+    for step in range(50):
+        share = 0.0 if step < 25 else min(0.85, 0.05 * (step - 24))
+        decisions.append(guard.step(_takeover_batch(rng, step, share)))
+        windows.append(len(guard.state_dict()["detectors"]["takeover"]["memory"].get("previous", [])))
     shaped = next(d for d in decisions if d.penalty is not None)
+    # a rollback empties takeover's window: the restored policy is not scored with the hacked batch
+    assert [w for d, w in zip(decisions, windows, strict=True) if d.action == "rollback"] == [0]
+    assert windows[-1] == 1
     assert shaped.action == "rollback"
     assert shaped.reanchor
     assert "The restored policy becomes the KL reference." in shaped.explanation
@@ -507,7 +511,9 @@ def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resum
     rates = {t.token: t.rate for t in guard.penalty.targets if t.kind == "tokens"}
     # 99 and 98 always occur together: they share the 0.3 premium, and each costs twice its half
     assert set(rates) == {98, 99}
-    assert rates[98] + rates[99] == pytest.approx(2 * 0.3, rel=0.5)  # measured on 16 noisy rewards
+    # 2 x the 0.3 premium, measured within groups of 4 on 16 rewards with noise sd 0.2, where about 2 of 16
+    # completions lack the suffix: its standard error is about 0.25 (0.57-1.02 over seeds 0-5)
+    assert 0.6 - 0.5 < rates[98] + rates[99] < 0.6 + 0.5
     penalties = guard.penalty([[99, 98, 99, 98], [1, 2, 3]])
     assert penalties[0] > 2 * 0.3 * 2  # the exploit now costs more than the 0.6 it earns
     assert penalties[1] == 0.0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loopguard import Guard, Observation
-from loopguard.detectors import Length, Repetition, Takeover
+from loopguard.detectors import Length, Repetition, StepData, Takeover
 from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
 
 B = 16
@@ -201,6 +201,63 @@ def test_takeover_memory_round_trips_and_is_validated():
         detector.check_memory({**memory, "extra": 1}, "m")
     with pytest.raises(ConfigError, match=re.escape("`bands` must be (warn, hack) with warn < hack")):
         Takeover(bands=(0.5, 0.2))
+
+
+def _with_word(step: int, share: float) -> Observation:
+    """Healthy completions; the first ``share`` of them start with the word 9100."""
+    observation = healthy(step, seed=5)
+    ids = observation.completion_ids.tokens.reshape(B, 12).copy()
+    ids[: round(share * B), 0] = 9100
+    return Observation(step, observation.rewards, completion_ids=ids, group_size=4)
+
+
+def _excess(detector: Takeover, shares: list[float]) -> list[float | None]:
+    guard = Guard([detector], mode="log_only", warmup_steps=5)
+    return [
+        guard.step(_with_word(step, share)).raw.get("takeover.excess_share")
+        for step, share in enumerate(shares)
+    ]
+
+
+def test_takeover_needs_the_rise_held_over_two_batches_so_one_batch_of_a_favourite_word_is_no_takeover():
+    spike = [0.0, 0.0, 0.0, 0.0, 0.0, 0.875, 0.0, 0.0]  # 14 of 16 completions, for one batch only
+    alone, held = _excess(Takeover(window=1), spike), _excess(Takeover(), spike)
+    assert alone[5] >= 0.4  # one batch alone: HACK
+    assert held[5] < 0.0  # the batch before did not have it
+    lasting = [0.0, 0.0, 0.0, 0.0, 0.875, 0.875, 0.875, 0.875]
+    alone, held = _excess(Takeover(window=1), lasting), _excess(Takeover(), lasting)
+    assert held[4] < 0.0  # the first batch of a takeover: held for one batch only...
+    assert held[5] >= 0.4  # ...then HACK, one step after the single-batch score
+    assert held[5:] == alone[5:]  # the same rise in every batch: the rise it held
+    three = _excess(Takeover(window=3), lasting)
+    assert three[5] < 0.0  # window=3: held for two batches only...
+    assert three[6] == held[6]  # ...then the same
+
+
+def test_takeover_forgets_the_window_on_a_rollback_and_names_the_scored_ngram():
+    detector = Takeover()
+    guard = Guard([detector], mode="log_only", warmup_steps=5)
+    for step in range(5):
+        guard.step(_with_word(step, 0.875 if step >= 3 else 0.0))
+    memory = guard.state_dict()["detectors"]["takeover"]["memory"]
+    assert len(memory["previous"]) == 1
+    assert len(memory["previous"][0]["keys"]) == 64  # the batch's highest excess shares...
+    assert -1.0 < memory["previous"][0]["bound"] < 0.0  # ...and a bound on the rest: none of them rose
+    assert detector.check_memory(json.loads(json.dumps(memory)), "m") == memory
+    data = StepData(_with_word(5, 0.875), warmup_steps=5)
+    assert detector.top_ngram(data, memory) == (9100,)  # what the targeted rung would price
+    with pytest.raises(StateError, match=re.escape("`m['previous']` must have at most 1 items, got 2")):
+        detector.check_memory({**memory, "previous": memory["previous"] * 2}, "m")
+    detector.on_rollback(memory)
+    assert "previous" not in memory  # the restored policy is scored on its own batches
+    with pytest.raises(StateError, match="strictly increasing keys, one excess share per key"):
+        detector.check_memory(
+            {**memory, "previous": [{"keys": [2, 1], "excess": [0.1, 0.2], "bound": 0.0}]}, "m"
+        )
+    with pytest.raises(StateError, match="together"):
+        detector.check_memory({"keys": [], "rows": 3}, "m")
+    with pytest.raises(ConfigError, match="window"):
+        Takeover(window=0)
 
 
 def test_length_alone_votes_on_its_own():
