@@ -13,6 +13,13 @@ hands them out), groups of 8 generations per prompt, float rewards, a 4-member r
 * the default signal set (what every trainer already provides: rewards, completions, lengths, group size)
   for 1,024 completions x 256 tokens costs under 50 ms on one core;
 * ``ngram_repetition_rate`` handles 100,000 trajectories x 128 tokens in under 5 s.
+
+And one from the sharded-scale issue: ``Guard.step`` with the default signals on a realistic GRPO step,
+1,024 completions of up to 2,048 tokens (lengths uniform in [1,024, 2,048], about 1.6 M token ids) read
+from the trainer's padded id tensor and mask (``TokenBatch.from_padded``), costs at most 30 ms per million
+tokens on one core. It is reported against a memory-bandwidth bound: the time to read the padded ids once at
+the copy bandwidth measured here. The same step from Python lists (what a reward function receives) is
+reported beside it.
 """
 
 from __future__ import annotations
@@ -46,6 +53,8 @@ EMBED_SIZES = (64, 512, 2_048)
 EMBED_DIM = 768
 DEFAULT_SET_TARGET_MS = 50.0
 SCALE_TARGET_S = 5.0
+STEP_ROWS, STEP_WIDTH = 1_024, 2_048
+STEP_TARGET_MS_PER_M = 30.0
 
 
 def _time(function: Callable[[], Any], repeats: int) -> dict[str, float]:
@@ -138,6 +147,58 @@ def _latent_kernels(size: int, rng: np.random.Generator) -> dict[str, Callable[[
     }
 
 
+def _copy_bandwidth() -> float:
+    """Bytes per second of one core copying a 256 MiB array (the best of 5): a memory-bandwidth yardstick."""
+    source = np.ones(32 * 1024 * 1024, dtype=np.int64)
+    target = np.empty_like(source)
+    best = min(_time(lambda: np.copyto(target, source), 5)["min_ms"], float("inf"))
+    return 2 * source.nbytes / (best / 1e3)  # a copy reads and writes every byte
+
+
+def guard_step_at_scale(repeats: int, rng: np.random.Generator) -> dict[str, Any]:
+    """``Guard.step`` (default signals, after its warm-up) on one padded GRPO step; from lists too."""
+    from loopguard import Guard, Observation
+    from loopguard.signals import TokenBatch
+
+    lengths = rng.integers(STEP_WIDTH // 2, STEP_WIDTH + 1, size=STEP_ROWS)
+    mask = np.arange(STEP_WIDTH)[np.newaxis, :] < lengths[:, np.newaxis]
+    ids = np.where(mask, rng.integers(0, 32_000, size=(STEP_ROWS, STEP_WIDTH)), 0)
+    rewards = rng.normal(size=STEP_ROWS)
+    guard = Guard(mode="log_only", warmup_steps=3, reference_steps=3)
+    step = iter(range(1_000_000))
+
+    def padded() -> None:
+        batch = TokenBatch.from_padded(ids, mask)
+        guard.step(Observation(next(step), rewards, completion_ids=batch, group_size=GROUP))
+
+    rows = [row[:length].tolist() for row, length in zip(ids, lengths, strict=True)]
+
+    def listed() -> None:
+        guard.step(Observation(next(step), rewards, completion_ids=rows, group_size=GROUP))
+
+    for _ in range(6):  # the reference sample and the warm-up
+        padded()
+    tokens = int(lengths.sum())
+    padded_ms = _time(padded, repeats)["median_ms"]
+    listed_ms = _time(listed, max(1, repeats // 3))["median_ms"]
+    bandwidth = _copy_bandwidth()
+    bound_ms = ids.nbytes / bandwidth * 1e3
+    return {
+        "rows": STEP_ROWS,
+        "width": STEP_WIDTH,
+        "tokens": tokens,
+        "padded_ms": padded_ms,
+        "padded_ms_per_million_tokens": padded_ms / (tokens / 1e6),
+        "lists_ms": listed_ms,
+        "lists_ms_per_million_tokens": listed_ms / (tokens / 1e6),
+        "copy_bandwidth_gb_s": bandwidth / 1e9,
+        "read_once_bound_ms": bound_ms,
+        "padded_over_bound": padded_ms / bound_ms,
+        "target_ms_per_million_tokens": STEP_TARGET_MS_PER_M,
+        "within_target": padded_ms / (tokens / 1e6) <= STEP_TARGET_MS_PER_M,
+    }
+
+
 def _markdown(rows: list[dict[str, Any]], sizes_label: str) -> str:
     sizes = sorted({row["size"] for row in rows})
     names = list(dict.fromkeys(row["kernel"] for row in rows))
@@ -205,6 +266,22 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(f"ngram_repetition_rate 100,000 x 128: {seconds:.2f} s", flush=True)
 
+    step = guard_step_at_scale(3 if args.quick else 9, rng)
+    targets.update(
+        {
+            "guard_step_1024x2048_ms_per_million_tokens": step["padded_ms_per_million_tokens"],
+            "guard_step_target_ms_per_million_tokens": STEP_TARGET_MS_PER_M,
+            "guard_step_within_target": step["within_target"],
+        }
+    )
+    print(
+        f"Guard.step {STEP_ROWS:,} x <= {STEP_WIDTH:,} ({step['tokens']:,} tokens): padded "
+        f"{step['padded_ms']:.1f} ms ({step['padded_ms_per_million_tokens']:.1f} ms per M tokens), lists "
+        f"{step['lists_ms']:.1f} ms; reading the ids once at {step['copy_bandwidth_gb_s']:.1f} GB/s: "
+        f"{step['read_once_bound_ms']:.2f} ms",
+        flush=True,
+    )
+
     report = {
         "loopguard": loopguard.__version__,
         "python": sys.version.split()[0],
@@ -216,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": batch_rows,
         "series": series_rows,
         "latent": latent_rows,
+        "guard_step": step,
         "targets": targets,
     }
     markdown = "\n\n".join(
@@ -226,6 +304,15 @@ def main(argv: list[str] | None = None) -> int:
             _markdown(series_rows, "T"),
             f"### Latent kernels ({EMBED_DIM}-d policy and reference embeddings, N rows each)",
             _markdown(latent_rows, "N"),
+            f"### Guard.step at scale ({STEP_ROWS:,} completions of up to {STEP_WIDTH:,} tokens, median, "
+            "one core)",
+            "| input | ms | ms per million tokens |\n|---|---:|---:|\n"
+            f"| padded ids and mask (`TokenBatch.from_padded`) | {step['padded_ms']:.1f} | "
+            f"{step['padded_ms_per_million_tokens']:.1f} |\n"
+            f"| Python lists (what a reward function receives) | {step['lists_ms']:.1f} | "
+            f"{step['lists_ms_per_million_tokens']:.1f} |\n"
+            f"| bound: reading the padded ids once at {step['copy_bandwidth_gb_s']:.1f} GB/s | "
+            f"{step['read_once_bound_ms']:.2f} | {step['read_once_bound_ms'] / (step['tokens'] / 1e6):.2f} |",
             "### Targets",
             "\n".join(
                 f"- {key}: {value:.4g}" if isinstance(value, float) else f"- {key}: {value}"

@@ -83,7 +83,9 @@ def _ids(value: object) -> tuple[tuple[int, ...], ...] | None:
         value = value.tolist()
     if not isinstance(value, Sequence):
         return None
-    return tuple(tuple(int(token) for token in row) for row in value)
+    # copied row by row in C (TRL passes lists of Python ints); the Observation checks every id later, and
+    # names the row of one that is not an integer
+    return tuple(tuple(row.tolist() if hasattr(row, "tolist") else row) for row in value)
 
 
 @attrs.frozen

@@ -11,9 +11,9 @@ Two views of the same n-gram counts are offered here:
 
 :func:`classify_echo` turns a repetition rate into an ``OK`` / ``WARN`` / ``TRAP`` verdict.
 
-All counting is exact (no hashing) and vectorised over the whole batch: every n-gram becomes one int64 key,
-rows of similar length are laid out as one matrix that is sorted row by row, and changes between neighbouring
-sorted keys are counted.
+All counting is exact (no hashing) and vectorised over the whole batch: every n-gram becomes one int64 key
+that also holds its row, one sort orders them, and changes between neighbouring sorted keys are counted; the
+counts are kept on the batch, so the per-row and pooled views of one batch cost one sort.
 """
 
 from __future__ import annotations
@@ -97,6 +97,35 @@ def _ngram_keys(tokens: NDArray[np.int64], base: int, starts: NDArray[np.int64],
     return key
 
 
+def _packed_keys(
+    tokens: NDArray[np.int64], base: int, offsets: NDArray[np.int64], n: int, shift: int
+) -> NDArray[np.int64]:
+    """``(n-gram key << shift) | row`` for every n-gram inside a row, built from contiguous slices.
+
+    Every position ``p`` of the flat tokens starts the n-gram ``tokens[p:p + n]`` (key ``sum tokens[p + j] *
+    base^(n-1-j)``); those that run past the end of their row (the last ``n - 1`` positions of each row, the
+    whole of a row shorter than ``n``) are dropped. The caller checks that ``(base^n - 1) << shift`` fits.
+    """
+    count = len(tokens) - n + 1
+    key: NDArray[np.int64] = tokens[:count].copy()
+    for j in range(1, n):
+        key *= base
+        key += tokens[j : j + count]
+    key <<= shift
+    row_of = np.zeros(count, dtype=np.int64)  # +1 at each row's start, so the running sum is the row
+    starts = offsets[1:-1]
+    np.add.at(row_of, starts[starts < count], 1)
+    key |= np.cumsum(row_of, out=row_of)
+    keep = np.ones(count, dtype=bool)
+    for back in range(1, n):  # an n-gram starting this close to its row's end leaves the row
+        ends = offsets[1:] - back
+        keep[ends[(ends >= 0) & (ends < count)]] = False
+    if n == 1:
+        return key
+    kept: NDArray[np.int64] = key[keep]
+    return kept
+
+
 def _count_distinct_sorted(key: NDArray[np.int64]) -> NDArray[np.int64]:
     """Number of distinct values along the last axis of ``key``, sorted along that axis (length >= 1)."""
     changes: NDArray[np.int64] = np.count_nonzero(key[..., 1:] != key[..., :-1], axis=-1)
@@ -106,51 +135,74 @@ def _count_distinct_sorted(key: NDArray[np.int64]) -> NDArray[np.int64]:
 def _ngram_counts(batch: TokenBatch, n: int, *, per_row: bool) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Count distinct and total n-grams: per row (two ``[B]`` arrays) or pooled (two ``[1]`` arrays).
 
-    Only n-grams that lie inside one row count. Pooled: one exact key per n-gram, one sort. Per row: the
-    row number joins each key (``row * span + key``) and one sort counts every row, when that fits int64;
-    otherwise rows are grouped by their number of n-grams ``m`` (``m`` in ``(2^(b-1), 2^b]`` for group
-    ``b``), each group is laid out as a matrix as wide as its longest row, short rows are padded with copies
-    of their own last n-gram (which cannot change their distinct count), and each matrix is sorted row by
-    row.
+    Both views come from one pass (:func:`_ngram_stats`), kept on the batch: repetition (per row) and
+    diversity (pooled) of the same batch and ``n`` sort its n-grams once.
     """
+    distinct, total, pooled = _ngram_stats(batch, n)
+    if per_row:
+        return distinct, total
+    return np.array([pooled], dtype=np.int64), np.array([int(total.sum())], dtype=np.int64)
+
+
+def _ngram_stats(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """Distinct and total n-grams of each row, and distinct n-grams of the whole batch (cached on ``batch``).
+
+    Only n-grams that lie inside one row count. Each n-gram gets one exact key, and the row number joins it
+    (``key * rows + row``): one sort of those keys counts the distinct (row, n-gram) pairs of every row and,
+    with the row dropped, the distinct n-grams of the batch. When that cannot fit int64, the pooled count
+    sorts the keys alone, and rows are grouped by their number of n-grams ``m`` (``m`` in
+    ``(2^(b-1), 2^b]`` for group ``b``); each group is laid out as a matrix as wide as its longest row, short
+    rows are padded with copies of their own last n-gram (which cannot change their distinct count), and
+    each matrix is sorted row by row.
+    """
+    cached = batch._cache.get(("ngrams", n))
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    result = _count_ngrams(batch, n)
+    batch._cache[("ngrams", n)] = result
+    return result
+
+
+def _count_ngrams(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
     total = np.maximum(batch.lengths - (n - 1), 0)
-    distinct = np.zeros(batch.n_rows if per_row else 1, dtype=np.int64)
+    distinct = np.zeros(batch.n_rows, dtype=np.int64)
     if not total.any():
-        return distinct, total if per_row else np.zeros(1, dtype=np.int64)
+        return distinct, total, 0
 
     tokens, base = batch.tokens, int(batch.tokens.max()) + 1
     if base**n - 1 > _INT64_MAX:  # relabelling the ids may spare compressing the keys
         tokens, base = _relabel(tokens)
 
-    bounds = np.zeros(batch.n_rows + 1, dtype=np.int64)
-    np.cumsum(total, out=bounds[1:])
-    starts = np.arange(bounds[-1], dtype=np.int64)
-    starts += np.repeat(batch.offsets[:-1] - bounds[:-1], total)
-    key = _ngram_keys(tokens, base, starts, n)
-    if not per_row:
-        key.sort()
-        distinct[0] = _count_distinct_sorted(key)
-        return distinct, bounds[-1:]
-    span = int(key.max()) + 1
-    if _fits(batch.n_rows - 1, span):  # one sort of (row, n-gram) keys for the whole batch
-        key += np.repeat(np.arange(batch.n_rows, dtype=np.int64) * span, total)
+    rows = batch.n_rows
+    shift = max(rows - 1, 1).bit_length()  # the row joins each key in its low bits
+    if (base**n - 1) << shift <= _INT64_MAX:  # one sort of (n-gram, row) keys for both views
+        key = _packed_keys(tokens, base, batch.offsets, n, shift)
         key.sort()
         first = np.empty(len(key), dtype=bool)
         first[:1] = True
         np.not_equal(key[1:], key[:-1], out=first[1:])
-        distinct += np.bincount(key[first] // span, minlength=batch.n_rows)
-        return distinct, total
+        pairs = key[first]  # one per distinct (n-gram, row), in n-gram order
+        distinct += np.bincount(pairs & ((1 << shift) - 1), minlength=rows)
+        grams = pairs >> shift
+        pooled = int(np.count_nonzero(grams[1:] != grams[:-1])) + 1
+        return distinct, total, pooled
 
+    bounds = np.zeros(rows + 1, dtype=np.int64)
+    np.cumsum(total, out=bounds[1:])
+    starts = np.arange(bounds[-1], dtype=np.int64)
+    starts += np.repeat(batch.offsets[:-1] - bounds[:-1], total)
+    key = _ngram_keys(tokens, base, starts, n)
+    pooled = int(_count_distinct_sorted(np.sort(key)))
     group = np.frexp(total - 1)[1]  # exponent b with total - 1 < 2^b, i.e. total in (2^(b-1), 2^b]
     group[total == 0] = -1
     for b in np.unique(group[group >= 0]).tolist():
-        rows = np.flatnonzero(group == b)
-        width = total[rows]
+        members = np.flatnonzero(group == b)
+        width = total[members]
         columns = np.minimum(np.arange(int(width.max()), dtype=np.int64), (width - 1)[:, np.newaxis])
-        key = _ngram_keys(tokens, base, batch.offsets[rows][:, np.newaxis] + columns, n)
-        key.sort(axis=1)
-        distinct[rows] = _count_distinct_sorted(key)
-    return distinct, total
+        matrix = _ngram_keys(tokens, base, batch.offsets[members][:, np.newaxis] + columns, n)
+        matrix.sort(axis=1)
+        distinct[members] = _count_distinct_sorted(matrix)
+    return distinct, total, pooled
 
 
 def _per_row_fraction(batch: TokenBatch, n: int, *, repeated: bool) -> NDArray[np.float64]:

@@ -39,6 +39,58 @@ class TokenBatch:
 
     tokens: NDArray[np.int64]
     offsets: NDArray[np.int64]
+    # per-batch results the kernels share (n-gram counts by n): a batch is read once however many signals
+    # count its n-grams; the arrays are never modified after construction, so the cache stays valid
+    _cache: dict[object, object] = attrs.field(factory=dict, init=False, repr=False)
+
+    @classmethod
+    def from_padded(cls, ids: object, mask: object, *, name: str = "completion_ids") -> TokenBatch:
+        """The batch of a padded ``[B, L]`` id array or tensor and its ``[B, L]`` mask, with no per-row work.
+
+        What trainers hold: TRL's GRPO/RLOO keep ``completion_ids`` and ``completion_mask`` as padded tensors.
+        Row ``i`` is ``ids[i][mask[i] != 0]``, in order (right or left padding alike); the pad id is never
+        read, so any value may fill the padding.
+
+        Args:
+            ids: Integer token ids, shaped ``[B, L]`` (a tensor on any device, or an array).
+            mask: 1 (or True) where ``ids`` holds a token, 0 (False) at padding; the same shape as ``ids``.
+            name: How messages name ``ids`` (the mask is ``<name> mask``).
+
+        Raises:
+            LoopguardTypeError: non-integer ids, or a mask that is not boolean or integer.
+            InputError: not 2-D, shapes that differ, a mask value other than 0 or 1, or a negative id where
+                the mask marks a token.
+
+        Example:
+            >>> batch = TokenBatch.from_padded([[5, 6, 0], [7, 0, 0]], [[1, 1, 0], [1, 0, 0]])
+            >>> batch.tokens.tolist(), batch.offsets.tolist()
+            ([5, 6, 7], [0, 2, 3])
+        """
+        array, marks = to_numpy(name, ids), to_numpy(f"{name} mask", mask)
+        if array.ndim != 2 or marks.shape != array.shape:
+            msg = (
+                f"`{name}` and its mask must both be 2-D and of one shape [B, L], got {array.shape} and "
+                f"{marks.shape}."
+            )
+            raise InputError(msg)
+        if array.dtype.kind not in "iu":
+            msg = f"`{name}` must hold integer token ids, got dtype {array.dtype}."
+            raise LoopguardTypeError(msg)
+        if marks.dtype.kind not in "biu":
+            msg = f"`{name} mask` must be boolean or 0/1 integers, got dtype {marks.dtype}."
+            raise LoopguardTypeError(msg)
+        keep = marks if marks.dtype == np.bool_ else marks != 0
+        if marks.dtype != np.bool_ and marks.size and (int(marks.max()) > 1 or int(marks.min()) < 0):
+            low, high = int(marks.min()), int(marks.max())
+            msg = f"`{name} mask` must hold only 0 and 1, got values in [{low}, {high}]."
+            raise InputError(msg)
+        if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
+            msg = f"`{name}` must hold token ids that fit in int64, got {int(array.max())}."
+            raise InputError(msg)
+        tokens = array[keep].astype(np.int64, copy=False)  # row-major: each row's tokens, in order
+        offsets = np.zeros(array.shape[0] + 1, dtype=np.int64)
+        np.cumsum(np.count_nonzero(keep, axis=1), out=offsets[1:])
+        return as_token_batch(name, cls(tokens=np.ascontiguousarray(tokens), offsets=offsets))
 
     def __attrs_post_init__(self) -> None:
         """Reject a hand-built batch whose offsets do not describe its tokens."""

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
-from loopguard.signals import classify_echo, distinct_n, ngram_repetition_rate
+from loopguard.signals import as_token_batch, classify_echo, distinct_n, ngram_repetition_rate
 
 # --------------------------------------------------------------------------------------------------
 # independent reference: a plain Python loop over positions with a set of seen n-grams
@@ -392,3 +392,17 @@ def test_classify_echo_bad_input(kwargs: dict[str, object], error: type[Exceptio
     rate = kwargs.pop("rate")
     with pytest.raises(error, match=re.escape(message)):
         classify_echo(rate, **kwargs)  # type: ignore[arg-type]
+
+
+def test_one_batch_counts_its_ngrams_once_for_both_views() -> None:
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 30, size=rng.integers(0, 40)).tolist() for _ in range(50)]
+    pooled_first, per_row_first = as_token_batch("ids", rows), as_token_batch("ids", rows)
+    pooled = distinct_n(pooled_first, n=2)
+    assert list(pooled_first._cache) == [("ngrams", 2)]  # the counts are kept on the batch...
+    per_row = ngram_repetition_rate(per_row_first, n=2, reduce="none")
+    # ...and each view read from them equals the other view counted first
+    assert ngram_repetition_rate(pooled_first, n=2, reduce="none").tolist() == per_row.tolist()
+    assert distinct_n(per_row_first, n=2) == pooled
+    assert distinct_n(pooled_first, n=3) == distinct_n(rows, n=3)  # another n is counted apart
+    assert len(pooled_first._cache) == 2

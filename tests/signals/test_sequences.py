@@ -108,3 +108,61 @@ def test_large_ids_survive_empty_rows_exactly():
         as_token_batch("ids", np.array([[2**63]], dtype=np.uint64))
     with pytest.raises(InputError, match=re.escape("`ids[0]` must hold token ids that fit in int64")):
         as_token_batch("ids", [np.array([2**63], dtype=np.uint64)])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(0, 50_000), max_size=9), min_size=1, max_size=6),
+    left=st.booleans(),
+    as_bool=st.booleans(),
+    pad=st.integers(-100, 50_000),
+)
+def test_a_padded_batch_and_its_mask_give_the_rows(rows, left, as_bool, pad):
+    width = max(len(row) for row in rows) + 1
+    ids = np.full((len(rows), width), pad, dtype=np.int64)
+    mask = np.zeros((len(rows), width), dtype=bool if as_bool else np.int64)
+    for i, row in enumerate(rows):
+        start = width - len(row) if left else 0
+        ids[i, start : start + len(row)] = row
+        mask[i, start : start + len(row)] = 1
+    batch = TokenBatch.from_padded(ids, mask)
+    assert _rows(batch) == rows  # the pad id, even a negative one, is never read
+    import torch
+
+    assert _rows(TokenBatch.from_padded(torch.from_numpy(ids), torch.from_numpy(mask))) == rows
+
+
+@pytest.mark.parametrize(
+    ("ids", "mask", "error", "message"),
+    [
+        (
+            [[1, 2]],
+            [[1, 1, 0]],
+            InputError,
+            "`completion_ids` and its mask must both be 2-D and of one shape",
+        ),
+        ([1, 2], [1, 1], InputError, "must both be 2-D"),
+        (
+            [[1.0, 2.0]],
+            [[1, 1]],
+            LoopguardTypeError,
+            "`completion_ids` must hold integer token ids, got dtype float",
+        ),
+        ([[1, 2]], [[0.5, 1.0]], LoopguardTypeError, "`completion_ids mask` must be boolean or 0/1 integers"),
+        (
+            [[1, 2]],
+            [[2, 1]],
+            InputError,
+            "`completion_ids mask` must hold only 0 and 1, got values in [1, 2].",
+        ),
+        (
+            [[1, -100]],
+            [[1, 1]],
+            InputError,
+            "must hold token ids >= 0 (strip padding first), got -100 in row 0",
+        ),
+    ],
+)
+def test_a_padded_batch_is_validated(ids, mask, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        TokenBatch.from_padded(np.asarray(ids), np.asarray(mask))
