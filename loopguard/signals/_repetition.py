@@ -112,10 +112,7 @@ def _packed_keys(
         key *= base
         key += tokens[j : j + count]
     key <<= shift
-    row_of = np.zeros(count, dtype=np.int64)  # +1 at each row's start, so the running sum is the row
-    starts = offsets[1:-1]
-    np.add.at(row_of, starts[starts < count], 1)
-    key |= np.cumsum(row_of, out=row_of)
+    key |= np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))[:count]
     keep = np.ones(count, dtype=bool)
     for back in range(1, n):  # an n-gram starting this close to its row's end leaves the row
         ends = offsets[1:] - back
@@ -178,13 +175,10 @@ def _count_ngrams(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray
     if (base**n - 1) << shift <= _INT64_MAX:  # one sort of (n-gram, row) keys for both views
         key = _packed_keys(tokens, base, batch.offsets, n, shift)
         key.sort()
-        first = np.empty(len(key), dtype=bool)
-        first[:1] = True
-        np.not_equal(key[1:], key[:-1], out=first[1:])
-        pairs = key[first]  # one per distinct (n-gram, row), in n-gram order
-        distinct += np.bincount(pairs & ((1 << shift) - 1), minlength=rows)
-        grams = pairs >> shift
-        pooled = int(np.count_nonzero(grams[1:] != grams[:-1])) + 1
+        repeats = key[1:][key[1:] == key[:-1]]  # a (n-gram, row) seen before: a repeat within its row
+        distinct += total - np.bincount(repeats & ((1 << shift) - 1), minlength=rows)
+        key >>= shift  # the n-grams alone, still in order
+        pooled = int(np.count_nonzero(key[1:] != key[:-1])) + 1
         return distinct, total, pooled
 
     bounds = np.zeros(rows + 1, dtype=np.int64)
