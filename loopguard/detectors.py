@@ -682,9 +682,8 @@ class Takeover(_NgramDetector):
 
 
 _WINDOW_KEPT = 64  # n-grams kept of each earlier batch in Takeover's window (its highest excess shares)
-_LOWEST = (
-    -8.5
-)  # below any excess share: a rise of -1 less 10 (the largest margin) x 0.75 (the largest spread)
+# below any excess share: a rise of -1 less 10 (the largest margin) x 0.75 (above the largest spread)
+_LOWEST = -8.5
 
 
 def _reference_counts(memory: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
