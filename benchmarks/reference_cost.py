@@ -49,14 +49,23 @@ def _probabilities() -> np.ndarray:
     return weights / weights.sum()
 
 
-def _batches(batch: int, tokens: int, count: int, seed: int) -> list[Observation]:
+Batch = tuple[int, np.ndarray, np.ndarray]  # step, rewards, completion ids
+
+
+def _batches(batch: int, tokens: int, count: int, seed: int) -> list[Batch]:
     rng = np.random.default_rng(seed)
     probabilities = _probabilities()
     out = []
     for step in range(count):
         ids = rng.choice(VOCAB, size=(batch, tokens), p=probabilities)
-        out.append(Observation(step, rng.normal(size=batch), completion_ids=ids, group_size=GROUP))
+        out.append((step, rng.normal(size=batch), ids))
     return out
+
+
+def _observation(batch: Batch) -> Observation:
+    """A fresh Observation: a token batch kept from an earlier run would hold its n-gram counts."""
+    step, rewards, ids = batch
+    return Observation(step, rewards, completion_ids=ids, group_size=GROUP)
 
 
 def _guard(config: str) -> Guard:
@@ -67,16 +76,18 @@ def _guard(config: str) -> Guard:
     return Guard(signals, mode="kl_control", beta=0.01, reference_steps=reference)
 
 
-def _time(config: str, stream: list[Observation], extra: list[Observation]) -> dict[str, float]:
+def _time(config: str, stream: list[Batch], extra: list[Batch]) -> dict[str, float]:
     guard = _guard(config)
     added = []
     if config == "+ add_reference":
-        for observation in extra:
+        for batch in extra:
+            observation = _observation(batch)
             started = time.perf_counter()
             guard.add_reference(observation)
             added.append(time.perf_counter() - started)
     seconds = []
-    for observation in stream:
+    for batch in stream:
+        observation = _observation(batch)
         started = time.perf_counter()
         guard.step(observation)
         seconds.append(time.perf_counter() - started)

@@ -464,14 +464,13 @@ def _document_counts(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArra
 
 
 def _counts_up_to(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]] | None:
-    """:func:`_document_counts` for every n-gram size from 1 to ``n``, in one sorted key space."""
+    """:func:`_document_counts` for every n-gram size from 1 to ``n``, in one key space (sorted by size)."""
     parts = [_document_counts(data, size) for size in range(1, n + 1)]
     if any(part is None for part in parts):
         return None
     keys = np.concatenate([part[0] for part in parts if part is not None])
     counts = np.concatenate([part[1] for part in parts if part is not None])
-    order = np.argsort(keys, kind="stable")
-    return keys[order], counts[order]
+    return keys, counts
 
 
 def _ngram_keys(ids: NDArray[np.uint64], valid: NDArray[np.int64], n: int) -> NDArray[np.uint64]:
@@ -529,9 +528,10 @@ class Takeover(_NgramDetector):
         keep: Reference n-grams stored (the most frequent), in [16, 1,000,000].
         margin: Standard errors subtracted from each share's rise (``m`` above), in [0, 10]. Default 4.
         window: Consecutive batches, the newest included, in each of which an n-gram must hold its rise,
-            in [1, 8]. Default 2; 1 scores each batch alone, and one batch's spike of a healthy
-            policy's favourite word then reads as a takeover more often (``benchmarks/false_alarms.py
-            --takeover`` and the Goodhart benchmark's clean scenario measure it).
+            in [1, 8]. Default 2: no healthy run of 1,200 in ``benchmarks/false_alarms.py --takeover``
+            and no seed of the Goodhart benchmark's clean scenario reads HACK. With 1 (each batch
+            alone), one batch's spike of a healthy policy's favourite word reads as a takeover: 2.5 % of
+            the healthy runs at batch 8 and 2 of 5 clean seeds read HACK for a step.
     """
 
     name: ClassVar[str] = "takeover"
@@ -581,10 +581,9 @@ class Takeover(_NgramDetector):
         earlier: list[dict[str, Any]] = memory.get("previous", [])
         for batch in earlier:  # the rise each n-gram held in the window's earlier batches
             np.minimum(held, _held_before(batch, keys), out=held)
-        best = int(np.argmax(held))
+        best = len(held) - 1 - int(np.argmax(held[::-1]))  # a tie goes to the longest n-gram: the phrase
         memory["top"] = int(keys[best])
         if self.window > 1:
-            kept = np.sort(np.argsort(-excess, kind="stable")[:_WINDOW_KEPT])
             # every other n-gram: one not kept rose at most as much as the highest dropped; one absent from
             # this batch, at most as much as one absent from the reference too
             absent_spread = math.sqrt(
@@ -592,8 +591,12 @@ class Takeover(_NgramDetector):
                 + (1 / (pooled + 2)) * (1 - 1 / (pooled + 2)) / pooled
             )
             bound = -self.margin * absent_spread
-            if len(excess) > _WINDOW_KEPT:
-                bound = max(bound, float(np.sort(excess)[-_WINDOW_KEPT - 1]))
+            kept = np.arange(len(excess))
+            if len(excess) > _WINDOW_KEPT:  # the highest excess shares, found in linear time
+                ranked = np.argpartition(excess, len(excess) - _WINDOW_KEPT - 1)
+                kept = ranked[-_WINDOW_KEPT:]
+                bound = max(bound, float(excess[ranked[-_WINDOW_KEPT - 1]]))
+            kept = kept[np.argsort(keys[kept])]  # stored by key, for lookups
             this = {"keys": keys[kept].tolist(), "excess": excess[kept].tolist(), "bound": bound}
             memory["previous"] = [*earlier, this][1 - self.window :]
         return {"excess_share": float(np.clip(held[best], -1.0, 1.0))}

@@ -142,7 +142,7 @@ def _ngram_counts(batch: TokenBatch, n: int, *, per_row: bool) -> tuple[NDArray[
 
 
 def _ngram_stats(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
-    """Distinct and total n-grams of each row, and distinct n-grams of the whole batch (cached on ``batch``).
+    """Distinct and total n-grams of each row, and distinct n-grams of the batch (kept on a frozen batch).
 
     Only n-grams that lie inside one row count. Each n-gram gets one exact key, and the row number joins it
     (``key * rows + row``): one sort of those keys counts the distinct (row, n-gram) pairs of every row and,
@@ -152,6 +152,8 @@ def _ngram_stats(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[
     rows are padded with copies of their own last n-gram (which cannot change their distinct count), and
     each matrix is sorted row by row.
     """
+    if not batch.frozen():  # arrays the caller can still change: count afresh
+        return _count_ngrams(batch, n)
     cached = batch._cache.get(("ngrams", n))
     if cached is not None:
         return cached  # type: ignore[return-value]

@@ -39,9 +39,18 @@ class TokenBatch:
 
     tokens: NDArray[np.int64]
     offsets: NDArray[np.int64]
-    # per-batch results the kernels share (n-gram counts by n): a batch is read once however many signals
-    # count its n-grams; the arrays are never modified after construction, so the cache stays valid
+    # per-batch results the kernels share (n-gram counts by n), kept only for a batch whose arrays loopguard
+    # made and froze (:meth:`frozen`): then no one can change the tokens under the cache
     _cache: dict[object, object] = attrs.field(factory=dict, init=False, repr=False)
+
+    def frozen(self) -> bool:
+        """Whether the batch owns read-only arrays (built by :func:`as_token_batch` or :meth:`from_padded`).
+
+        Kernels keep what they count on such a batch and share it: repetition and distinct-n of one frozen
+        batch sort its n-grams once. A batch built by hand from arrays the caller still holds is recounted
+        every time.
+        """
+        return all(array.base is None and not array.flags.writeable for array in (self.tokens, self.offsets))
 
     @classmethod
     def from_padded(cls, ids: object, mask: object, *, name: str = "completion_ids") -> TokenBatch:
@@ -90,7 +99,7 @@ class TokenBatch:
         tokens = array[keep].astype(np.int64, copy=False)  # row-major: each row's tokens, in order
         offsets = np.zeros(array.shape[0] + 1, dtype=np.int64)
         np.cumsum(np.count_nonzero(keep, axis=1), out=offsets[1:])
-        return as_token_batch(name, cls(tokens=np.ascontiguousarray(tokens), offsets=offsets))
+        return as_token_batch(name, _owned(np.ascontiguousarray(tokens), offsets))
 
     def __attrs_post_init__(self) -> None:
         """Reject a hand-built batch whose offsets do not describe its tokens."""
@@ -126,6 +135,14 @@ class TokenBatch:
         return np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths)
 
 
+def _owned(tokens: NDArray[np.int64], offsets: NDArray[np.int64]) -> TokenBatch:
+    """A batch of arrays made here: frozen (read-only) unless one is a view of the caller's data."""
+    for array in (tokens, offsets):
+        if array.base is None:
+            array.flags.writeable = False
+    return TokenBatch(tokens=tokens, offsets=offsets)
+
+
 def _from_rectangular(name: str, array: NDArray[np.generic]) -> TokenBatch:
     if array.dtype.kind not in "iu":
         msg = f"`{name}` must hold integer token ids, got dtype {array.dtype}."
@@ -134,9 +151,10 @@ def _from_rectangular(name: str, array: NDArray[np.generic]) -> TokenBatch:
         msg = f"`{name}` must hold token ids that fit in int64, got {int(array.max())}."
         raise InputError(msg)
     rows, width = array.shape
-    tokens = np.ascontiguousarray(array, dtype=np.int64).reshape(-1)
+    tokens = np.empty(rows * width, dtype=np.int64)  # a copy of its own: the caller may change the array
+    tokens.reshape(rows, width)[...] = array
     offsets = np.arange(rows + 1, dtype=np.int64) * width
-    return TokenBatch(tokens=tokens, offsets=offsets)
+    return _owned(tokens, offsets)
 
 
 def _from_strings(sequences: Sequence[str]) -> TokenBatch:
@@ -147,7 +165,7 @@ def _from_strings(sequences: Sequence[str]) -> TokenBatch:
     lengths = np.fromiter((len(words) for words in words_per_row), dtype=np.int64, count=len(sequences))
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return TokenBatch(tokens=np.asarray(flat, dtype=np.int64), offsets=offsets)
+    return _owned(np.asarray(flat, dtype=np.int64), offsets)
 
 
 def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
@@ -169,7 +187,7 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return TokenBatch(tokens=tokens, offsets=offsets)
+    return _owned(tokens, offsets)
 
 
 def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
@@ -195,7 +213,7 @@ def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
     # Empty rows convert to float64 arrays; leave them out so ids are never routed through float64.
     non_empty = [row for row in arrays if row.size]
     tokens = np.concatenate(non_empty, dtype=np.int64) if non_empty else np.zeros(0, np.int64)
-    return TokenBatch(tokens=tokens, offsets=offsets)
+    return _owned(tokens, offsets)
 
 
 def as_token_batch(

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
-from loopguard.signals import as_token_batch, classify_echo, distinct_n, ngram_repetition_rate
+from loopguard.signals import TokenBatch, as_token_batch, classify_echo, distinct_n, ngram_repetition_rate
 
 # --------------------------------------------------------------------------------------------------
 # independent reference: a plain Python loop over positions with a set of seen n-grams
@@ -406,3 +406,13 @@ def test_one_batch_counts_its_ngrams_once_for_both_views() -> None:
     assert distinct_n(per_row_first, n=2) == pooled
     assert distinct_n(pooled_first, n=3) == distinct_n(rows, n=3)  # another n is counted apart
     assert len(pooled_first._cache) == 2
+    with pytest.raises(ValueError, match="read-only"):  # no one can change the tokens under the counts
+        pooled_first.tokens[0] = 7
+    # a batch of arrays the caller still holds is counted afresh every time
+    tokens, offsets = pooled_first.tokens.copy(), pooled_first.offsets.copy()
+    mine = TokenBatch(tokens=tokens, offsets=offsets)
+    before = distinct_n(mine, n=2)
+    tokens[:] = 0
+    assert not mine.frozen()
+    assert not mine._cache
+    assert distinct_n(mine, n=2) < before
