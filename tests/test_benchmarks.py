@@ -55,3 +55,19 @@ def test_rollback_store_benchmark_quick(tmp_path, monkeypatch):
     for check in report["validation"]:  # the formula matches the bytes a real save writes (headers aside)
         assert 1.0 <= check["files_bytes"] / check["holds_bytes"] < 1.1, check
     assert "| model | set-up |" in (tmp_path / "rollback_store.md").read_text()
+
+
+def test_rank_sync_benchmark_quick(tmp_path, monkeypatch):
+    _run("rank_sync.py", ["--quick", "--out", str(tmp_path)], monkeypatch)
+    report = json.loads((tmp_path / "rank_sync.json").read_text())
+    default, takeover = report["default signals"], report["+ takeover"]
+    assert takeover["payload_bytes"] > default["payload_bytes"] > 1000  # the state travels, takeover's n-grams too
+    assert default["synced_ms"] > 0
+    assert default["guard_ms"] > 0
+    alpha, beta = report["alpha_s"], report["beta_bytes_per_s"]
+    assert 0 < alpha < 1
+    assert beta > 1e6
+    # the alpha-beta model: 2 one-hop all-reduces and 2 broadcasts per tree level, log2(p) levels
+    for ranks, levels in (("2", 1), ("64", 6), ("512", 9)):
+        seconds = levels * (4 * alpha + (8 + default["payload_bytes"]) / beta)
+        assert report["model"]["default signals"][ranks]["here_ms"] == pytest.approx(1e3 * seconds)

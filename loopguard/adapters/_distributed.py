@@ -195,7 +195,7 @@ class RankSync:
             buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         dist.broadcast(buffer, src=self._global(src), group=self.group)
         self.collectives += 2
-        return json.loads(bytes(buffer.cpu().tolist()).decode("utf-8"))
+        return json.loads(buffer.cpu().numpy().tobytes().decode("utf-8"))
 
     def _global(self, rank: int) -> int:
         if self.group is None:
