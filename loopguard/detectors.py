@@ -689,28 +689,26 @@ _WINDOW_KEPT = 64  # n-grams kept of each earlier batch in Takeover's window (it
 _LOWEST = -8.5
 
 
+def _lookup(stored: object, values: object, keys: NDArray[np.uint64], default: float) -> NDArray[np.float64]:
+    """The value stored for each of ``keys`` (``stored`` sorted, one value each), ``default`` where absent."""
+    stored_keys = np.asarray(stored, dtype=np.uint64)
+    found_values = np.full(len(keys), float(default), dtype=np.float64)
+    if len(stored_keys) == 0:
+        return found_values
+    position = np.minimum(np.searchsorted(stored_keys, keys), len(stored_keys) - 1)
+    found = stored_keys[position] == keys
+    found_values[found] = np.asarray(values, dtype=np.float64)[position[found]]
+    return found_values
+
+
 def _reference_counts(memory: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
     """How many reference completions contain each of ``keys`` (the pruning floor for those not kept)."""
-    ref_keys = np.asarray(memory["keys"], dtype=np.uint64)
-    reference = np.full(len(keys), float(memory.get("floor", 0)), dtype=np.float64)
-    if len(ref_keys) == 0:
-        return reference
-    position = np.minimum(np.searchsorted(ref_keys, keys), len(ref_keys) - 1)
-    found = ref_keys[position] == keys
-    reference[found] = np.asarray(memory["counts"], dtype=np.float64)[position[found]]
-    return reference
+    return _lookup(memory["keys"], memory["counts"], keys, memory.get("floor", 0))
 
 
 def _held_before(batch: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
     """Each of ``keys``' excess share in an earlier batch: stored, or the batch's bound on those not kept."""
-    stored_keys = np.asarray(batch["keys"], dtype=np.uint64)
-    values = np.full(len(keys), float(batch["bound"]), dtype=np.float64)
-    if len(stored_keys) == 0:
-        return values
-    position = np.minimum(np.searchsorted(stored_keys, keys), len(stored_keys) - 1)
-    found = stored_keys[position] == keys
-    values[found] = np.asarray(batch["excess"], dtype=np.float64)[position[found]]
-    return values
+    return _lookup(batch["keys"], batch["excess"], keys, batch["bound"])
 
 
 def _check_held(batch: object, path: str) -> dict[str, Any]:
