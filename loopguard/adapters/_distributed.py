@@ -236,17 +236,21 @@ def synced_step(
     return decision_from_dict(payload["decision"])
 
 
-def synced_restore(sync: RankSync, restore: Callable[[bool], T], *, main: bool) -> T:
+def synced_restore(
+    sync: RankSync, restore: Callable[[bool], T], *, main: bool, collective: bool = False
+) -> T:
     """Run ``restore(discard_newer)`` on every rank behind barriers (module docs); returns its result.
 
     Single process: ``restore(main)`` with no collective. Distributed: three collectives on every rank (two
-    barriers and a check that every rank succeeded), whatever fails.
+    barriers and a check that every rank succeeded), whatever fails. ``collective=True`` (a sharded policy,
+    whose restore every rank runs together and which agrees on failures itself): ``restore(main)`` on every
+    rank at once.
 
     Raises:
         Exception: this rank's restore failed (re-raised).
         CheckpointError: another rank's restore failed.
     """
-    if not sync.active:
+    if not sync.active or collective:
         return restore(main)
     result: list[T] = []
     failure: BaseException | None = None

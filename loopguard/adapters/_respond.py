@@ -148,10 +148,13 @@ def reanchor(model: Any, ref_model: Any, unwrap: Any = None) -> bool:
 
     policy = unwrap(model) if unwrap is not None else model
     reference = unwrap(ref_model) if unwrap is not None else ref_model
+    from loopguard.checkpoint._sharded import is_sharded
+
     with torch.no_grad():
         source = policy.state_dict()
         target = reference.state_dict()
+        gather = is_sharded(policy) and not is_sharded(reference)  # a full reference beside an FSDP2 policy
         for key, tensor in target.items():
-            tensor.copy_(source[key].to(device=tensor.device, dtype=tensor.dtype))
+            value = source[key].full_tensor() if gather else source[key]  # all ranks gather, in key order
+            tensor.copy_(value.to(device=tensor.device, dtype=tensor.dtype))
     return True
-

@@ -7,8 +7,9 @@ Policy (documented in ``docs/trl.md``):
   refused), and after ``resume_from_checkpoint`` from step ``s`` the run's checkpoints saved after ``s`` (an
   abandoned timeline) are discarded, so steps are saved again from ``s`` on and a rollback never lands on
   the abandoned timeline.
-* **Saving.** Every ``every`` steps, on the main process, and only while the Guard says the run is healthy
-  (:attr:`~loopguard.Guard.healthy`): the policy, the optimizer, the LR scheduler, the RNG states, the
+* **Saving.** Every ``every`` steps, on the main process (every rank together for a sharded policy: FSDP2's
+  DTensor parameters go through ``torch.distributed.checkpoint``), and only while the Guard says the run is
+  healthy (:attr:`~loopguard.Guard.healthy`): the policy, the optimizer, the LR scheduler, the RNG states, the
   reference model when it drifts with the policy (TRL's ``sync_ref_model=True``; a fixed reference needs no
   copy), and the adapter's state as ``extra_state``.
 * **Good marks.** A checkpoint is *pending* until the next save boundary and marked good then only if the
@@ -89,6 +90,13 @@ class Parts:
     scheduler: Any = None
     ref_model: Any = None
 
+    @property
+    def sharded(self) -> bool:
+        """Whether the policy is sharded (DTensor parameters, FSDP2): all ranks save and restore together."""
+        from loopguard.checkpoint._sharded import is_sharded
+
+        return is_sharded(self.model)
+
 
 class RollbackStore:
     """Rollback checkpoints on a CheckpointManager, confirmed by a Guard (see the module docs for the policy).
@@ -154,7 +162,7 @@ class RollbackStore:
         pending, self.pending = self.pending, None
         if pending is not None and main and (self.guard is None or self.guard.confirms(pending)):
             self.manager.mark_good(pending)
-        if (self.guard is not None and not self.guard.healthy) or not main:
+        if (self.guard is not None and not self.guard.healthy) or not (main or parts.sharded):
             return
         self._write(step, parts, extra_state)
         if self.guard is None:
@@ -171,12 +179,14 @@ class RollbackStore:
         watched, so it needs no confirmation window: it is the rollback target of a flaw that pays from the
         first step. Skipped when the store already holds a step-0 checkpoint.
         """
-        if not main or 0 in self.manager.steps():
+        if not (main or parts.sharded) or 0 in self.manager.steps():
             return
         self._write(0, parts, extra_state)
-        self.manager.mark_good(0)
+        if main:
+            self.manager.mark_good(0)
 
     def _write(self, step: int, parts: Parts, extra_state: Callable[[], dict[str, Any]] | None) -> None:
+        """Save ``parts`` (the main process; every rank together for a sharded policy)."""
         self.manager.save(
             step,
             parts.model,

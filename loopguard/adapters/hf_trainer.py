@@ -1067,6 +1067,7 @@ class RewardHackMitigator(_Observer):
             self._sync,
             lambda discard: store.rollback(parts, before_step=before, discard_newer=discard),
             main=bool(state.is_world_process_zero),
+            collective=parts.sharded,
         )
         if hasattr(self._trainer, "_buffered_inputs"):
             self._trainer._buffered_inputs = None  # GRPO / RLOO: the next batch is the restored policy's

@@ -136,6 +136,7 @@ def apply_decision(
             sync,
             lambda discard: restore_good(checkpoint, parts, before_step=before, discard_newer=discard),
             main=sync.is_main,
+            collective=parts.sharded,
         )
     anchored = False
     if restored is not None and decision.reanchor:
@@ -288,6 +289,7 @@ class LoopGuard:
             self.sync,
             lambda discard: restore_good(self.checkpoint, parts, before_step=before, discard_newer=discard),
             main=self.sync.is_main,
+            collective=parts.sharded,
         )
 
     def state_dict(self) -> dict[str, Any]:

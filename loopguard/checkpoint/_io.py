@@ -60,6 +60,7 @@ __all__ = [
     "HashingWriter",
     "disk_error",
     "entry_kind",
+    "hash_file",
     "load_json",
     "locked",
     "open_child_dir",
@@ -481,6 +482,28 @@ def read_verified(dir_fd: int, name: str, size: int, sha256: str, where: str, *,
         )
         raise CheckpointError(msg)
     return data
+
+
+def hash_file(dir_fd: int, name: str, where: str) -> dict[str, Any]:
+    """The SHA-256 and size of a regular file another writer made (DCP's shard files), read in 8 MiB chunks.
+
+    Returns:
+        ``{"sha256": <hex>, "bytes": <size>}``, as :func:`write_file` returns for the files it writes.
+
+    Raises:
+        CheckpointError: ``name`` is missing or not a regular file.
+    """
+    try:
+        fd, _ = _open_regular(dir_fd, name, where, "; the checkpoint was not saved.")
+    except FileNotFoundError:
+        msg = f"{where} vanished while the checkpoint was being saved; the checkpoint was not saved."
+        raise CheckpointError(msg) from None
+    hasher, size = hashlib.sha256(), 0
+    with os.fdopen(fd, "rb", buffering=0) as handle:
+        while chunk := handle.read(_READ_CHUNK):
+            hasher.update(chunk)
+            size += len(chunk)
+    return {"sha256": hasher.hexdigest(), "bytes": size}
 
 
 def read_small(dir_fd: int, name: str, limit: int, where: str) -> bytes:

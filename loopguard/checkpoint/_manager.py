@@ -53,6 +53,7 @@ import torch
 from loopguard._run import RUN_ID_PATTERN, check_run_id
 from loopguard._saved_state import replace_durably
 from loopguard._validation import check_bool, check_choice, check_int, check_path, describe
+from loopguard.checkpoint import _sharded
 from loopguard.checkpoint._io import (
     CheckpointError,
     disk_error,
@@ -76,6 +77,8 @@ from loopguard.checkpoint._state import (
     Snapshot,
     Stateful,
     TorchState,
+    _check_optimizer,
+    _check_scheduler,
     apply_snapshot,
     capture_module,
     check_json,
@@ -243,7 +246,15 @@ class CheckpointManager:
     One manager (one process) writes a store at a time -- savers on the same machine serialise on a
     ``flock`` -- and a manager is not thread-safe. Under data parallelism save on rank 0 and restore on
     every rank (restore only reads, unless ``discard_newer=True``, which rank 0 alone should pass).
-    Sharded states (FSDP, DeepSpeed ZeRO) are not supported: gather them or use their own checkpointing.
+
+    A **sharded** model (``DTensor`` parameters: FSDP2's ``fully_shard``, tensor parallelism) is saved and
+    restored through ``torch.distributed.checkpoint`` (DCP) by every rank together: call :meth:`save` and
+    :meth:`restore` on every rank of the default process group, with the same arguments; each rank writes
+    and hashes its own shards, rank 0 writes the manifest (``"engine": "dcp"``) and renames the checkpoint
+    into place only once every rank's files are complete, and a failure on any rank raises on every rank.
+    Mark checkpoints good on rank 0, as under data parallelism. Sharded checkpoints live on disk (a folder
+    every rank can read), hold each rank's RNG states, and cannot hold a rollout buffer. DeepSpeed ZeRO-3
+    (parameters partitioned without DTensors) is not supported: see ``docs/distributed.md``.
 
     Raises:
         LoopguardTypeError: ``keep_last`` or ``in_memory`` of the wrong type (``True`` for a count).
@@ -457,6 +468,14 @@ class CheckpointManager:
         """
         step = _check_step("step", step)
         rng = check_bool("rng", rng)
+        if _sharded.is_sharded(model):
+            extra_sharded = _checked_extra(extra_state)
+            if ref_model is model:
+                msg = "`ref_model` must be a separate module from `model`, got the same object."
+                raise ConfigError(msg)
+            return self._save_sharded(
+                step, model, optimizer, scheduler, ref_model, rollout_buffer, rng, extra_sharded
+            )
         model_state = capture_module("model", model)
         ref_state = None
         if ref_model is not None:
@@ -464,13 +483,7 @@ class CheckpointManager:
                 msg = "`ref_model` must be a separate module from `model`, got the same object."
                 raise ConfigError(msg)
             ref_state = capture_module("ref_model", ref_model)
-        extra: dict[str, Any] | None = None
-        if extra_state is not None:
-            if type(extra_state) is not dict:
-                msg = f"`extra_state` must be a dict (a JSON object), got {type(extra_state).__name__}."
-                raise LoopguardTypeError(msg)
-            check_json("extra_state", extra_state)
-            extra = extra_state
+        extra = _checked_extra(extra_state)
         snapshot = Snapshot(
             step=step,
             created=_now(),
@@ -634,6 +647,9 @@ class CheckpointManager:
                 clone=clone,
             )
 
+        if _sharded.is_sharded(model):
+            parts = _Live(model, optimizer, scheduler, ref_model, rng)
+            return self._restore_sharded(step, before_step, wanted, parts, discard_newer)
         if self._in_memory:
             return self._restore_memory(step, before_step, wanted, load, discard_newer)
         return self._restore_disk(step, before_step, wanted, load, discard_newer)
@@ -664,6 +680,8 @@ class CheckpointManager:
             target = self._resolve(step, before_step, steps, good)
             snapshot = self._load(root_fd, target, wanted)
             where = os.path.join(self._disk_root(), _step_name(target))
+            if snapshot is None:  # pragma: no cover - _load refuses a sharded checkpoint to restore
+                raise _fail(where, "is sharded")
             load(f"checkpoint {where}", snapshot, clone=False)
             if discard_newer:
                 self._discard_newer(root_fd, where, [other for other in steps if other > target], good)
@@ -697,6 +715,382 @@ class CheckpointManager:
             steps = self._scan(root_fd)
             target = self._resolve(step, None, steps, self._read_good(root_fd) & set(steps))
             self._load(root_fd, target, None)
+
+    # ------------------------------------------------------------------------------------ sharded models
+
+    def _save_sharded(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        optimizer: Stateful | None,
+        scheduler: Stateful | None,
+        ref_model: torch.nn.Module | None,
+        rollout_buffer: Mapping[str, Any] | None,
+        rng: bool,
+        extra: dict[str, Any] | None,
+    ) -> Path:
+        """Save a sharded model through DCP, every rank together (see the class docs); rank 0 commits."""
+        if self._in_memory:
+            msg = (
+                "`model` is sharded (DTensor parameters), which an in-memory CheckpointManager cannot hold: "
+                "give it a directory every rank can read (it is saved through torch.distributed.checkpoint)."
+            )
+            raise ConfigError(msg)
+        if rollout_buffer is not None:
+            msg = (
+                "`rollout_buffer` cannot be saved with a sharded model (each rank holds its own); save it "
+                "with the rank's own state, or pass rollout_buffer=None."
+            )
+            raise ConfigError(msg)
+        if ref_model is not None and not isinstance(ref_model, torch.nn.Module):
+            msg = f"`ref_model` must be a torch.nn.Module, got {type(ref_model).__name__}."
+            raise LoopguardTypeError(msg)
+        if optimizer is not None and not isinstance(
+            _sharded.inner_optimizer(optimizer), torch.optim.Optimizer
+        ):
+            kind = type(optimizer).__name__
+            msg = f"`optimizer` of a sharded model must be a torch.optim.Optimizer, got {kind}."
+            raise LoopguardTypeError(msg)
+        ranks = _sharded.Ranks()
+        state = _sharded.capture(model, optimizer, ref_model)
+        if optimizer is not None:
+            check_torch_state("optimizer.state_dict() (its non-tensor part)", state.optimizer_skeleton)
+        saved_scheduler = _capture_stateful("scheduler", scheduler)
+        saved_rng = RngState.capture() if rng else None
+        created = _now()
+        root = self._disk_root()
+        final = _step_name(step)
+        # every rank is inside save() (none is still taking the store's lock elsewhere) before rank 0 locks it
+        ranks.agree(None, f"saving step {step}")
+        with contextlib.ExitStack() as stack:
+            root_fd = stack.enter_context(self._open())
+            temp: str | None = None
+            failure: BaseException | None = None
+            if ranks.main:
+                try:
+                    stack.enter_context(locked(root_fd, root))
+                    self._cleanup(root_fd)
+                    steps = self._scan(root_fd)
+                    self._require_newer(step, steps)
+                    if entry_kind(final, root_fd) is not None:
+                        msg = (
+                            f"`step` {step} cannot be saved: {os.path.join(root, final)} exists but is not "
+                            "a complete checkpoint (no manifest.json); move it out of the store."
+                        )
+                        raise ConfigError(msg)
+                    temp = f".tmp-{final}-{random_suffix()}"
+                    os.mkdir(temp, 0o755, dir_fd=root_fd)
+                except BaseException as error:
+                    failure = error
+            ranks.agree(failure, f"saving step {step}")
+            temp = cast(str, ranks.share(temp))
+            temp_path = os.path.join(root, temp)
+            try:
+                files = self._write_shards(
+                    ranks, root_fd, temp, temp_path, state, saved_scheduler, saved_rng, extra
+                )
+                failure = None
+                if ranks.main:
+                    try:
+                        record = {
+                            "model": {"kind": "sharded", "class": type(model).__name__},
+                            "ref_model": None
+                            if ref_model is None
+                            else {"kind": "sharded", "class": type(ref_model).__name__},
+                            "optimizer": None
+                            if optimizer is None
+                            else {
+                                "class": unwrapped_class(optimizer, "optimizer"),
+                                "empty": state.optimizer_empty,
+                            },
+                            "scheduler": None
+                            if saved_scheduler is None
+                            else {"class": saved_scheduler.class_name},
+                            "rng": None if saved_rng is None else {"ranks": ranks.world},
+                            "rollout_buffer": None,
+                            "extra_state": None if extra is None else {"keys": len(extra)},
+                        }
+                        manifest = {
+                            "format": FORMAT,
+                            "format_version": FORMAT_VERSION,
+                            "engine": _sharded.ENGINE,
+                            "step": step,
+                            "run": self._run,
+                            "created": created,
+                            "versions": _versions(),
+                            "world_size": ranks.world,
+                            "contents": record,
+                            "files": {name: files[name] for name in sorted(files)},
+                        }
+                        data = _dumps(manifest, indent=2)
+                        temp_fd = open_child_dir(temp, root_fd)
+                        try:
+                            write_file(
+                                temp_fd, MANIFEST, lambda writer: _write_bytes(writer, data), temp_path
+                            )
+                            os.fsync(temp_fd)  # every rank's entries are durable before the rename
+                        finally:
+                            os.close(temp_fd)
+                        replace_durably(temp, final, dir_fd=root_fd)
+                    except BaseException as error:
+                        failure = error
+                ranks.agree(failure, f"committing step {step}")
+            except BaseException as error:
+                if ranks.main:
+                    with contextlib.suppress(OSError, CheckpointError):  # the next save retries the clean-up
+                        remove_tree(temp, root_fd)
+                if isinstance(error, OSError):
+                    outcome = (
+                        f"step {step} was not saved and the store is unchanged; free space and save again"
+                    )
+                    raise disk_error(error, root, outcome) from error
+                raise
+            if ranks.main:
+                try:
+                    self._prune(root_fd, [*self._scan(root_fd)])
+                except (OSError, CheckpointError) as error:  # the new checkpoint is complete: say so, go on
+                    warnings.warn(
+                        f"saved {os.path.join(root, final)}, but pruning older checkpoints failed: {error}",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+        return Path(root) / final
+
+    @staticmethod
+    def _write_shards(
+        ranks: _sharded.Ranks,
+        root_fd: int,
+        temp: str,
+        temp_path: str,
+        state: _sharded.TensorState,
+        scheduler: TorchState | None,
+        rng: RngState | None,
+        extra: dict[str, Any] | None,
+    ) -> dict[str, dict[str, Any]]:
+        """Every rank: DCP writes the shards, each rank writes and hashes its own files; all files by name."""
+        from torch.distributed.checkpoint.filesystem import FileSystemWriter
+        from torch.distributed.checkpoint.state_dict_saver import save
+
+        failure: BaseException | None = None
+        try:
+            writer = FileSystemWriter(temp_path, single_file_per_rank=True, sync_files=True, thread_count=1)
+            save(state.tensors, storage_writer=writer)
+        except BaseException as error:
+            failure = error
+        ranks.agree(failure, "writing the shards (torch.distributed.checkpoint.save)")
+        files: dict[str, dict[str, Any]] = {}
+        failure = None
+        try:
+            temp_fd = open_child_dir(temp, root_fd)
+            try:
+                files.update(_sharded.hash_own_files(temp_fd, temp_path, ranks.rank))
+                if rng is not None:
+                    json_name, tensor_name = _sharded.rng_names(ranks.rank)
+                    data = _dumps(rng.to_json())
+                    files[json_name] = write_file(
+                        temp_fd, json_name, lambda w: _write_bytes(w, data), temp_path
+                    )
+                    files[tensor_name] = write_safetensors(
+                        temp_fd, tensor_name, rng.tensors(), where=temp_path
+                    )
+                if ranks.main:
+                    if state.optimizer_skeleton is not None:
+                        skeleton = state.optimizer_skeleton
+                        files["optimizer.pt"] = write_file(
+                            temp_fd,
+                            "optimizer.pt",
+                            lambda w: torch.save(skeleton, cast(IO[bytes], w)),
+                            temp_path,
+                        )
+                    if scheduler is not None:
+                        files["scheduler.pt"] = write_file(
+                            temp_fd,
+                            "scheduler.pt",
+                            lambda w: torch.save(scheduler.state, cast(IO[bytes], w)),
+                            temp_path,
+                        )
+                    if extra is not None:
+                        data = _dumps(extra)
+                        files["extra_state.json"] = write_file(
+                            temp_fd, "extra_state.json", lambda w: _write_bytes(w, data), temp_path
+                        )
+            finally:
+                os.close(temp_fd)
+        except BaseException as error:
+            failure = error
+        ranks.agree(failure, "writing and hashing each rank's files")
+        merged: dict[str, dict[str, Any]] = {}
+        for part in ranks.gather(files):
+            merged.update(part)
+        if ranks.main:
+            temp_fd = open_child_dir(temp, root_fd)
+            try:
+                present = set(os.listdir(temp_fd))
+            finally:
+                os.close(temp_fd)
+            unknown = sorted(name for name in present if not _sharded.sharded_file(name))
+            if present != set(merged) or unknown:
+                msg = (
+                    f"the sharded checkpoint in {temp_path} holds files that no rank hashed "
+                    f"({sorted(present - set(merged)) or unknown}) or misses hashed ones "
+                    f"({sorted(set(merged) - present)}); it was not saved."
+                )
+                merged = {}
+                failure = CheckpointError(msg)
+        ranks.agree(failure, "listing the shards")
+        return merged
+
+    def _restore_sharded(
+        self,
+        step: object,
+        before_step: object,
+        wanted: Mapping[str, bool],
+        live: _Live,
+        discard_newer: bool,
+    ) -> RestoredCheckpoint:
+        """Restore a sharded model through DCP, every rank together (see the class docs)."""
+        from torch.distributed.checkpoint.filesystem import FileSystemReader
+        from torch.distributed.checkpoint.state_dict_loader import load
+
+        if self._in_memory:
+            msg = (
+                "`model` is sharded (DTensor parameters), which an in-memory CheckpointManager never holds: "
+                "sharded checkpoints are saved on disk."
+            )
+            raise ConfigError(msg)
+        ranks = _sharded.Ranks()
+        root = self._disk_root()
+        ranks.agree(None, "restoring")  # every rank is inside restore() before rank 0 locks the store
+        with contextlib.ExitStack() as stack:
+            root_fd = stack.enter_context(self._open())
+            plan: tuple[int, bool, dict[str, Any]] | None = None
+            newer: list[int] = []
+            good: set[int] = set()
+            failure: BaseException | None = None
+            if ranks.main:
+                try:
+                    stack.enter_context(locked(root_fd, root))
+                    steps = self._scan(root_fd)
+                    good = self._read_good(root_fd) & set(steps)
+                    target = self._resolve(step, before_step, steps, good)
+                    dir_fd, where, data = self._open_step(root_fd, target)
+                    os.close(dir_fd)
+                    manifest_where = os.path.join(where, MANIFEST)
+                    if _engine(data) != _sharded.ENGINE:
+                        msg = (
+                            f"checkpoint {where} is not sharded (saved from a model without DTensor "
+                            "parameters), but `model` is sharded; nothing was restored."
+                        )
+                        raise CheckpointError(msg)
+                    manifest = _parse_sharded_manifest(data, target, manifest_where)
+                    self._require_own(f"checkpoint {where}", manifest.get("run"))
+                    for part, asked in wanted.items():
+                        if asked and manifest["contents"][part] is None:
+                            msg = f"checkpoint {where} {_MISSING_PART[part]}; nothing was restored."
+                            raise CheckpointError(msg)
+                    newer = [other for other in steps if other > target]
+                    plan = (target, target in good, manifest)
+                except BaseException as error:
+                    failure = error
+            ranks.agree(failure, "choosing the checkpoint to restore")
+            target, is_good, manifest = ranks.share(plan)
+            where = os.path.join(root, _step_name(target))
+            failure = None
+            try:
+                dir_fd = open_child_dir(_step_name(target), root_fd)
+                stack.callback(os.close, dir_fd)
+                present = set(os.listdir(dir_fd)) - {MANIFEST}
+                if present != set(manifest["files"]):
+                    msg = (
+                        f"checkpoint {where} holds files its manifest does not list "
+                        f"({sorted(present - set(manifest['files']))}) or misses listed ones "
+                        f"({sorted(set(manifest['files']) - present)}); nothing was restored."
+                    )
+                    raise CheckpointError(msg)
+                _sharded.verify_share(dir_fd, where, manifest["files"], ranks.rank, ranks.world)
+            except BaseException as error:
+                failure = error
+            ranks.agree(failure, f"verifying checkpoint {where}")
+            contents = manifest["contents"]
+            files = manifest["files"]
+
+            def read(name: str) -> bytes:
+                entry = files[name]
+                return read_verified(dir_fd, name, entry["bytes"], entry["sha256"], os.path.join(where, name))
+
+            failure = None
+            target_state: _sharded.TensorState | None = None
+            skeleton: Any = None
+            saved_scheduler: TorchState | None = None
+            saved_rng: RngState | None = None
+            extra: dict[str, Any] | None = None
+            try:
+                optimizer_empty = contents["optimizer"] is not None and contents["optimizer"]["empty"]
+                target_state = _sharded.capture(
+                    live.model, live.optimizer, live.ref_model, optimizer_state=not optimizer_empty
+                )
+                metadata = FileSystemReader(where).read_metadata()
+                _sharded.check_saved_keys(f"checkpoint {where}", target_state.tensors, metadata)
+                if live.optimizer is not None:
+                    skeleton = _torch_state(where, "optimizer.pt", read("optimizer.pt"))
+                    _check_optimizer(
+                        f"checkpoint {where}",
+                        TorchState(contents["optimizer"]["class"], skeleton),
+                        live.optimizer,
+                    )
+                if live.scheduler is not None:
+                    saved_scheduler = TorchState(
+                        contents["scheduler"]["class"],
+                        _torch_state(where, "scheduler.pt", read("scheduler.pt")),
+                    )
+                    _check_scheduler(f"checkpoint {where}", saved_scheduler, live.scheduler)
+                if live.rng:
+                    if contents["rng"]["ranks"] != ranks.world:
+                        msg = (
+                            f"checkpoint {where} holds the RNG states of {contents['rng']['ranks']} ranks, "
+                            f"this run has {ranks.world}; pass rng=False; nothing was restored."
+                        )
+                        raise CheckpointError(msg)
+                    json_name, tensor_name = _sharded.rng_names(ranks.rank)
+                    saved_rng = RngState.from_files(
+                        os.path.join(where, json_name),
+                        _json_file(where, json_name, read(json_name)),
+                        _safetensors(where, tensor_name, read(tensor_name)),
+                    )
+                    saved_rng.check_compatible(f"checkpoint {where}")
+                if contents["extra_state"] is not None:
+                    extra = _json_file(where, "extra_state.json", read("extra_state.json"))
+                    if not isinstance(extra, dict):
+                        raise _fail(os.path.join(where, "extra_state.json"), "does not hold a JSON object")
+            except BaseException as error:
+                failure = error
+            ranks.agree(failure, f"checking checkpoint {where} against the live model")
+            target_state = cast(_sharded.TensorState, target_state)
+            failure = None
+            try:
+                load(target_state.tensors, storage_reader=FileSystemReader(where))
+                _sharded.load(
+                    live.model,
+                    live.optimizer,
+                    live.ref_model,
+                    target_state,
+                    skeleton,
+                    skeleton_empty=bool(contents["optimizer"] and contents["optimizer"]["empty"]),
+                )
+                if live.scheduler is not None and saved_scheduler is not None:
+                    live.scheduler.load_state_dict(saved_scheduler.state)
+                if saved_rng is not None:
+                    saved_rng.apply()
+            except BaseException as error:
+                failure = CheckpointError(
+                    f"loading checkpoint {where} failed after it was verified ({type(error).__name__}: "
+                    f"{error}); the live model and optimizer may be partly restored on this rank: restore "
+                    "again before training on."
+                )
+            ranks.agree(failure, f"loading checkpoint {where}")
+            if ranks.main and discard_newer and newer:
+                self._discard_newer(root_fd, where, newer, good)
+        return RestoredCheckpoint(target, Path(where), is_good, str(manifest.get("created", "")), extra, None)
 
     # ------------------------------------------------------------------------------------ run identity
 
@@ -980,8 +1374,12 @@ class CheckpointManager:
         document = {"format": INDEX_FORMAT, "format_version": FORMAT_VERSION, "good": sorted(good)}
         write_small_atomic(root_fd, INDEX, _dumps(document), ".tmp-good-", self._disk_root())
 
-    def _load(self, root_fd: int, step: int, wanted: Mapping[str, bool] | None) -> Snapshot:
-        """Read, verify and decode one checkpoint (``wanted=None``: decode every part, as :meth:`verify`)."""
+    def _open_step(self, root_fd: int, step: int) -> tuple[int, str, bytes]:
+        """Open ``step-N`` (a real directory of regular files only) and read its manifest's bytes.
+
+        Returns:
+            ``(dir_fd, where, manifest bytes)``; the caller closes ``dir_fd``.
+        """
         name = _step_name(step)
         where = os.path.join(self._disk_root(), name)
         mode = entry_kind(name, root_fd)
@@ -1002,10 +1400,34 @@ class CheckpointManager:
                     path = os.path.join(where, entry)
                     msg = f"{path} is {kind}, refusing the checkpoint; nothing was restored."
                     raise CheckpointError(msg)
+            data = read_small(dir_fd, MANIFEST, MAX_MANIFEST_BYTES, os.path.join(where, MANIFEST))
+        except BaseException:
+            os.close(dir_fd)
+            raise
+        return dir_fd, where, data
+
+    def _load(self, root_fd: int, step: int, wanted: Mapping[str, bool] | None) -> Snapshot | None:
+        """Read, verify and decode one checkpoint (``wanted=None``: decode every part, as :meth:`verify`).
+
+        A sharded checkpoint is verified file by file when ``wanted`` is None (and None is returned); asked
+        to load one (an unsharded model), it is refused.
+        """
+        dir_fd, where, data = self._open_step(root_fd, step)
+        try:
             manifest_where = os.path.join(where, MANIFEST)
-            manifest = _parse_manifest(
-                read_small(dir_fd, MANIFEST, MAX_MANIFEST_BYTES, manifest_where), step, manifest_where
-            )
+            if _engine(data) == _sharded.ENGINE:
+                sharded = _parse_sharded_manifest(data, step, manifest_where)
+                self._require_own(f"checkpoint {where}", sharded.get("run"))
+                if wanted is not None:
+                    msg = (
+                        f"checkpoint {where} is sharded (saved through torch.distributed.checkpoint by "
+                        f"{sharded['world_size']} rank(s)), but `model` has no DTensor parameters: restore "
+                        "it into the sharded model (FSDP2), on every rank; nothing was restored."
+                    )
+                    raise CheckpointError(msg)
+                _sharded.verify_share(dir_fd, where, sharded["files"], 0, 1)
+                return None
+            manifest = _parse_manifest(data, step, manifest_where)
             self._require_own(f"checkpoint {where}", manifest.get("run"))
             contents, files = manifest["contents"], manifest["files"]
             if wanted is not None:
@@ -1058,6 +1480,110 @@ _MISSING_PART = {
     "ref_model": "has no reference model (saved without `ref_model`); pass ref_model=None",
     "rng": "has no RNG state (saved with rng=False); pass rng=False",
 }
+
+
+@attrs.frozen(eq=False)
+class _Live:
+    """The live objects a sharded restore loads into."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    ref_model: torch.nn.Module | None
+    rng: bool
+
+
+def _checked_extra(extra_state: object) -> dict[str, Any] | None:
+    if extra_state is None:
+        return None
+    if type(extra_state) is not dict:
+        msg = f"`extra_state` must be a dict (a JSON object), got {type(extra_state).__name__}."
+        raise LoopguardTypeError(msg)
+    check_json("extra_state", extra_state)
+    return extra_state
+
+
+def _engine(data: bytes) -> str:
+    """Which engine wrote a manifest: ``"dcp"`` (sharded) or ``"files"`` (also manifests without the key)."""
+    try:
+        document = load_json(data)
+    except ValueError:
+        return "files"  # the full parse reports it
+    engine = document.get("engine", "files") if isinstance(document, dict) else "files"
+    return engine if isinstance(engine, str) else "files"
+
+
+def _parse_sharded_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
+    """Parse and validate a sharded checkpoint's ``manifest.json`` (as :func:`_parse_manifest`)."""
+    try:
+        manifest = load_json(data)
+    except ValueError as error:
+        raise _fail(where, f"is not valid JSON ({error})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _fail(where, f"is not a loopguard checkpoint manifest (format must be {FORMAT!r})")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise _fail(
+            where,
+            f"has format_version {manifest.get('format_version')!r}; this loopguard reads {FORMAT_VERSION}",
+        )
+    if manifest.get("step") != step or type(manifest.get("step")) is not int:
+        raise _fail(where, f"records step {manifest.get('step')!r}, but its directory is step {step}")
+    run = manifest.get("run")
+    if run is not None and (not isinstance(run, str) or RUN_ID_PATTERN.fullmatch(run) is None):
+        raise _fail(where, f"records a malformed run identity {describe(run)}")
+    world = manifest.get("world_size")
+    files, contents = manifest.get("files"), manifest.get("contents")
+    if type(world) is not int or world < 1:
+        raise _fail(where, f"records a malformed world_size {describe(world)}")
+    if not isinstance(files, dict) or not isinstance(contents, dict) or set(contents) != set(_PART_FILES):
+        raise _fail(where, "lacks a valid 'files' or 'contents' section")
+    for name, entry in files.items():
+        if not isinstance(name, str) or not _sharded.sharded_file(name):
+            raise _fail(
+                where, f"lists {name!r}, which is not a sharded checkpoint file name (paths are refused)"
+            )
+        valid = (
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), str)
+            and _SHA256.fullmatch(entry["sha256"]) is not None
+            and type(entry.get("bytes")) is int
+            and 0 <= entry["bytes"] <= 2**50
+        )
+        if not valid:
+            raise _fail(where, f"has a malformed entry for {name!r} (needs 'sha256' hex and 'bytes')")
+    if _sharded.DCP_METADATA not in files:
+        raise _fail(where, f"lists no {_sharded.DCP_METADATA!r} (DCP's plan of the shards)")
+    for part in ("model", "ref_model"):
+        record = contents[part]
+        if (record is not None or part == "model") and not (
+            isinstance(record, dict)
+            and record.get("kind") == "sharded"
+            and isinstance(record.get("class"), str)
+        ):
+            raise _fail(where, f"has a malformed contents[{part!r}] entry")
+    optimizer = contents["optimizer"]
+    if optimizer is not None and not (
+        isinstance(optimizer, dict)
+        and isinstance(optimizer.get("class"), str)
+        and isinstance(optimizer.get("empty"), bool)
+        and "optimizer.pt" in files
+    ):
+        raise _fail(where, "has a malformed contents['optimizer'] entry (or no optimizer.pt)")
+    scheduler = contents["scheduler"]
+    if scheduler is not None and not (
+        isinstance(scheduler, dict) and isinstance(scheduler.get("class"), str) and "scheduler.pt" in files
+    ):
+        raise _fail(where, "has a malformed contents['scheduler'] entry (or no scheduler.pt)")
+    rng = contents["rng"]
+    if rng is not None:
+        expected = {name for rank in range(world) for name in _sharded.rng_names(rank)}
+        if not (isinstance(rng, dict) and rng.get("ranks") == world and expected <= set(files)):
+            raise _fail(where, "has a malformed contents['rng'] entry (or misses a rank's RNG files)")
+    if contents["rollout_buffer"] is not None:
+        raise _fail(where, "holds a rollout buffer, which sharded checkpoints never hold")
+    if contents["extra_state"] is not None and "extra_state.json" not in files:
+        raise _fail(where, "lists extra_state but no extra_state.json")
+    return manifest
 
 
 def _require_parts(where: str, snapshot: Snapshot, wanted: Mapping[str, bool]) -> None:
@@ -1135,6 +1661,7 @@ def _manifest(snapshot: Snapshot, files: Mapping[str, Any], run: str | None) -> 
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
+        "engine": "files",
         "step": snapshot.step,
         "run": run,
         "created": snapshot.created,

@@ -1,0 +1,197 @@
+"""One rank of the 2-process FSDP2 test: a policy sharded with ``fully_shard``, guarded by LoopGuard.
+
+Usage: ``python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_rank_worker.py OUT MODE``.
+
+``MODE`` is ``train`` (REINFORCE with a KL penalty; from ``BUG_STEP`` the reward pays for the word ``x`` in rank
+1's data only; LoopGuard saves sharded checkpoints through CheckpointManager, rolls back on a decision taken
+alike on both ranks, and stops), ``kill`` (two saves: the second one loses rank 1 to SIGKILL after its shards
+are written, before the checkpoint is committed) or ``tamper`` (a byte of rank 1's shard file changes after
+the save; the restore must fail on both ranks and change nothing).
+
+Each rank writes ``rank<R>.json``: per-step actions and betas, the rollbacks, and SHA-256 digests of the full
+(gathered) parameters and optimizer state after every step and after every restore.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+
+WORDS = 8
+LENGTH, BATCH, GROUP, X = 8, 16, 8, 7
+BUG_STEP = 6
+
+
+def main():
+    """Run one rank (imports here: pytest's doctest collection imports this file without running it)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    from loopguard import EscalationLadder, Guard, Observation
+    from loopguard.adapters.loop import LoopGuard
+    from loopguard.checkpoint import CheckpointManager
+
+    torch.set_num_threads(1)
+    out, mode = sys.argv[1], sys.argv[2]
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+
+    class Policy(torch.nn.Module):
+        """Logits per position from a position embedding and a linear head (two FSDP2 units)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(LENGTH, 16)
+            self.head = torch.nn.Linear(16, WORDS)
+
+        def forward(self) -> torch.Tensor:
+            return torch.log_softmax(self.head(self.embed.weight), dim=-1)
+
+    def build(seed):
+        torch.manual_seed(seed)
+        policy = Policy()
+        reference = Policy()
+        reference.load_state_dict(policy.state_dict())
+        reference.requires_grad_(False)
+        fully_shard(policy.head)
+        fully_shard(policy)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.01 * step))
+        return policy, reference, optimizer, scheduler
+
+    def digest(model, optimizer):
+        """SHA-256 of the full parameters and optimizer state, gathered from both ranks (a collective)."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=False)
+        model_state, optim_state = get_state_dict(model, optimizer, options=options)
+        hasher = hashlib.sha256()
+        for name, tensor in sorted(model_state.items()):
+            hasher.update(name.encode())
+            hasher.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        for name, entries in sorted(optim_state["state"].items()):
+            for key, value in sorted(entries.items()):
+                hasher.update(f"{name}.{key}".encode())
+                hasher.update(torch.as_tensor(value).detach().cpu().contiguous().numpy().tobytes())
+        hasher.update(json.dumps(optim_state["param_groups"], sort_keys=True, default=str).encode())
+        return hasher.hexdigest()
+
+    store = os.path.join(out, "checkpoints")
+    if mode == "kill":
+        policy, _, optimizer, _ = build(0)
+        manager = CheckpointManager(store, keep_last=None)
+        for step in (2, 4):
+            policy().sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step == 4 and rank == 1:
+                from loopguard.checkpoint import _sharded
+
+                def die(*_args, **_kwargs):
+                    os.kill(os.getpid(), signal.SIGKILL)  # its shards are on disk, nothing is committed
+
+                _sharded.hash_own_files = die
+            manager.save(step, policy, optimizer)
+            if rank == 0:
+                manager.mark_good(step)
+        return
+
+    if mode == "tamper":
+        from loopguard.checkpoint import CheckpointError
+
+        policy, _, optimizer, _ = build(0)
+        manager = CheckpointManager(store, keep_last=None)
+        policy().sum().backward()
+        optimizer.step()
+        manager.save(2, policy, optimizer)
+        dist.barrier()
+        if rank == 0:  # one byte of rank 1's shard file changes on disk
+            path = os.path.join(store, "step-00000002", "__1_0.distcp")
+            with open(path, "r+b") as handle:
+                handle.seek(os.path.getsize(path) // 2)
+                byte = handle.read(1)
+                handle.seek(-1, os.SEEK_CUR)
+                handle.write(bytes([byte[0] ^ 0xFF]))
+        dist.barrier()
+        policy().sum().backward()
+        optimizer.step()
+        live = digest(policy, optimizer)
+        try:
+            manager.restore(2, policy, optimizer, rng=False)
+            error = None
+        except CheckpointError as caught:
+            error = str(caught)
+        record = {"rank": rank, "error": error, "unchanged": digest(policy, optimizer) == live}
+        with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+            json.dump(record, handle)
+        dist.destroy_process_group()
+        return
+
+    policy, reference, optimizer, scheduler = build(0)
+    torch.manual_seed(1000 * (rank + 1))  # rank-local sampling
+    beta = [0.02]
+    manager = CheckpointManager(store, keep_last=3)
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=6)
+    loop = LoopGuard(
+        Guard(mode="kl_control", warmup_steps=4, beta=beta[0], ladder=ladder),
+        set_beta=lambda value: beta.__setitem__(0, value),
+        checkpoint=manager,
+        checkpoint_every=2,
+    )
+    loop.save_start(policy, optimizer=optimizer, scheduler=scheduler)
+    steps, digests, after_restore = {}, {"0": digest(policy, optimizer)}, {}
+    for step in range(1, 41):
+        log_probs = policy()
+        sampler = torch.distributions.Categorical(logits=log_probs)
+        ids = sampler.sample((BATCH,))
+        gold = torch.tensor([len(set(row.tolist())) / LENGTH for row in ids])
+        bugged = step >= BUG_STEP and rank == 1
+        rewards = gold + (5.0 if bugged else 0.0) * (ids == X).sum(dim=1).float()
+        grouped = rewards.view(-1, GROUP)
+        advantages = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
+        kl = (log_probs.exp() * (log_probs - reference().detach())).sum()
+        loss = -(advantages * sampler.log_prob(ids).sum(dim=1)).mean() + beta[0] * kl
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        observation = Observation(
+            step,
+            rewards.tolist(),
+            completions=[" ".join("abcdefgx"[i] for i in row) for row in ids.tolist()],
+            completion_ids=ids.tolist(),
+            group_size=GROUP,
+            kl=float(kl.detach()),
+            beta=beta[0],
+        )
+        applied = loop.step(observation, model=policy, optimizer=optimizer, scheduler=scheduler)
+        steps[str(step)] = {
+            "action": applied.action,
+            "beta": beta[0],
+            "verdict": str(getattr(loop.last_decision, "verdict", None)),
+        }
+        digests[str(step)] = digest(policy, optimizer)
+        if applied.rolled_back_to is not None:
+            after_restore[str(step)] = {"restored": applied.rolled_back_to, "digest": digests[str(step)]}
+        if applied.stop:
+            break
+    record = {
+        "rank": rank,
+        "world": dist.get_world_size(),
+        "steps": steps,
+        "digests": digests,
+        "after_restore": after_restore,
+        "rollbacks": loop.rollbacks,
+        "saved": list(manager.steps()),
+        "lr": scheduler.get_last_lr(),
+    }
+    with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
+        json.dump(record, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
