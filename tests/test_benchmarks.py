@@ -1,8 +1,10 @@
 """The benchmark scripts run end to end (smoke test with tiny sizes) and write what they promise."""
 
 import json
+import os
 import pathlib
 import runpy
+import subprocess
 import sys
 
 import pytest
@@ -71,3 +73,25 @@ def test_rank_sync_benchmark_quick(tmp_path, monkeypatch):
     for ranks, levels in (("2", 1), ("64", 6), ("512", 9)):
         seconds = levels * (4 * alpha + (8 + default["payload_bytes"]) / beta)
         assert report["model"]["default signals"][ranks]["here_ms"] == pytest.approx(1e3 * seconds)
+
+
+def test_sharded_checkpoint_benchmark_quick(tmp_path):
+    # a subprocess: the script starts a process group and spawns two more processes
+    script = ROOT / "benchmarks" / "sharded_checkpoint.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, str(script), "--quick", "--out", str(tmp_path), "--dir", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "| DCP engine (sharded) | 2 |" in done.stdout
+    report = json.loads((tmp_path / "sharded_checkpoint.json").read_text())
+    assert report["parameters"] > 0
+    one, two = report["one_process"], report["two_processes"]
+    for timing in ("files_save_s", "files_restore_s", "engine_save_s", "engine_restore_s", "dcp_save_s"):
+        assert one[timing] > 0, timing
+    assert len(two) == 2
+    # the model is split over the two ranks: each writes about half of what one process writes
+    assert sum(entry["rank_bytes"] for entry in two) == pytest.approx(one["rank_bytes"], rel=0.05)
+    assert report["ratios"]["engine_over_files_save"] == pytest.approx(one["engine_save_s"] / one["files_save_s"])
+    eight, sixty_four = report["estimate_7b"]["8"], report["estimate_7b"]["64"]
+    assert eight["bytes_per_rank"] == pytest.approx(7.0e9 * 12 / 8)
+    assert eight["restore_s"] == pytest.approx(8 * sixty_four["restore_s"])

@@ -148,8 +148,26 @@ def reanchor(model: Any, ref_model: Any, unwrap: Any = None) -> bool:
 
     policy = unwrap(model) if unwrap is not None else model
     reference = unwrap(ref_model) if unwrap is not None else ref_model
-    from loopguard.checkpoint._sharded import is_sharded
+    from loopguard.checkpoint._sharded import is_deepspeed, is_sharded, zero3_partitioned
+    from loopguard.exceptions import ConfigError
 
+    if is_deepspeed(policy):
+        policy = policy.module
+    if zero3_partitioned(reference):
+        msg = (
+            "the KL reference is partitioned by DeepSpeed ZeRO-3: loopguard cannot write the restored policy "
+            "into it; keep the reference unpartitioned, or turn re-anchoring off (EscalationLadder(reanchor="
+            "False))."
+        )
+        raise ConfigError(msg)
+    if zero3_partitioned(policy):  # gather the restored policy's partitions on every rank, then copy
+        import deepspeed  # type: ignore[import-not-found, import-untyped, unused-ignore]  # ZeRO-3 only
+
+        with deepspeed.zero.GatheredParameters(list(policy.parameters())), torch.no_grad():
+            source = policy.state_dict()
+            for key, tensor in reference.state_dict().items():
+                tensor.copy_(source[key].to(device=tensor.device, dtype=tensor.dtype))
+        return True
     with torch.no_grad():
         source = policy.state_dict()
         target = reference.state_dict()

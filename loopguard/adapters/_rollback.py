@@ -92,10 +92,10 @@ class Parts:
 
     @property
     def sharded(self) -> bool:
-        """Whether the policy is sharded (DTensor parameters, FSDP2): all ranks save and restore together."""
-        from loopguard.checkpoint._sharded import is_sharded
+        """Whether the policy is sharded (FSDP2's DTensors, a DeepSpeed engine): every rank saves it."""
+        from loopguard.checkpoint._sharded import engine_of
 
-        return is_sharded(self.model)
+        return engine_of(self.model) is not None
 
 
 class RollbackStore:

@@ -449,9 +449,15 @@ def _guard_of(mode: object, guard: object, on_error: OnError, rollback: bool | N
 
 
 def _parts(trainer: Any, args: Any, *, scheduler: bool = True) -> Parts:
-    """The trainer's policy, optimizer, scheduler and (when TRL syncs it) reference model."""
+    """The trainer's policy, optimizer, scheduler and (when TRL syncs it) reference model.
+
+    Under DeepSpeed the policy is the engine (``trainer.model_wrapped``): it checkpoints its own partitions.
+    """
+    from loopguard.checkpoint._sharded import is_deepspeed
+
+    wrapped = getattr(trainer, "model_wrapped", None)
     return Parts(
-        trainer.model,
+        wrapped if is_deepspeed(wrapped) else trainer.model,
         trainer.optimizer,
         trainer.lr_scheduler if scheduler else None,
         synced_reference(trainer, args),

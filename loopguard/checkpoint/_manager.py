@@ -468,14 +468,16 @@ class CheckpointManager:
         """
         step = _check_step("step", step)
         rng = check_bool("rng", rng)
-        if _sharded.is_sharded(model):
+        engine = _sharded.engine_of(model)
+        if engine is not None:
             extra_sharded = _checked_extra(extra_state)
             if ref_model is model:
                 msg = "`ref_model` must be a separate module from `model`, got the same object."
                 raise ConfigError(msg)
             return self._save_sharded(
-                step, model, optimizer, scheduler, ref_model, rollout_buffer, rng, extra_sharded
+                engine, step, model, optimizer, scheduler, ref_model, rollout_buffer, rng, extra_sharded
             )
+        _refuse_zero3_module(model)
         model_state = capture_module("model", model)
         ref_state = None
         if ref_model is not None:
@@ -647,9 +649,11 @@ class CheckpointManager:
                 clone=clone,
             )
 
-        if _sharded.is_sharded(model):
+        engine = _sharded.engine_of(model)
+        if engine is not None:
             parts = _Live(model, optimizer, scheduler, ref_model, rng)
-            return self._restore_sharded(step, before_step, wanted, parts, discard_newer)
+            return self._restore_sharded(engine, step, before_step, wanted, parts, discard_newer)
+        _refuse_zero3_module(model)
         if self._in_memory:
             return self._restore_memory(step, before_step, wanted, load, discard_newer)
         return self._restore_disk(step, before_step, wanted, load, discard_newer)
@@ -720,6 +724,7 @@ class CheckpointManager:
 
     def _save_sharded(
         self,
+        engine: str,
         step: int,
         model: torch.nn.Module,
         optimizer: Stateful | None,
@@ -729,11 +734,11 @@ class CheckpointManager:
         rng: bool,
         extra: dict[str, Any] | None,
     ) -> Path:
-        """Save a sharded model through DCP, every rank together (see the class docs); rank 0 commits."""
+        """Save a sharded model (DCP, or a DeepSpeed engine's own checkpoint), every rank together."""
         if self._in_memory:
             msg = (
-                "`model` is sharded (DTensor parameters), which an in-memory CheckpointManager cannot hold: "
-                "give it a directory every rank can read (it is saved through torch.distributed.checkpoint)."
+                "`model` is sharded (DTensor parameters or a DeepSpeed engine), which an in-memory "
+                "CheckpointManager cannot hold: give it a directory every rank can read."
             )
             raise ConfigError(msg)
         if rollout_buffer is not None:
@@ -745,16 +750,20 @@ class CheckpointManager:
         if ref_model is not None and not isinstance(ref_model, torch.nn.Module):
             msg = f"`ref_model` must be a torch.nn.Module, got {type(ref_model).__name__}."
             raise LoopguardTypeError(msg)
-        if optimizer is not None and not isinstance(
+        state: _sharded.TensorState | None = None
+        if engine == _sharded.DEEPSPEED:
+            _check_engine_parts(model, optimizer, ref_model)
+        elif optimizer is not None and not isinstance(
             _sharded.inner_optimizer(optimizer), torch.optim.Optimizer
         ):
             kind = type(optimizer).__name__
             msg = f"`optimizer` of a sharded model must be a torch.optim.Optimizer, got {kind}."
             raise LoopguardTypeError(msg)
         ranks = _sharded.Ranks()
-        state = _sharded.capture(model, optimizer, ref_model)
-        if optimizer is not None:
-            check_torch_state("optimizer.state_dict() (its non-tensor part)", state.optimizer_skeleton)
+        if engine == _sharded.ENGINE:
+            state = _sharded.capture(model, optimizer, ref_model)
+            if optimizer is not None:
+                check_torch_state("optimizer.state_dict() (its non-tensor part)", state.optimizer_skeleton)
         saved_scheduler = _capture_stateful("scheduler", scheduler)
         saved_rng = RngState.capture() if rng else None
         created = _now()
@@ -787,13 +796,16 @@ class CheckpointManager:
             temp_path = os.path.join(root, temp)
             try:
                 files = self._write_shards(
-                    ranks, root_fd, temp, temp_path, state, saved_scheduler, saved_rng, extra
+                    ranks, root_fd, temp, temp_path, model, state, saved_scheduler, saved_rng, extra
                 )
                 failure = None
                 if ranks.main:
                     try:
                         record = {
-                            "model": {"kind": "sharded", "class": type(model).__name__},
+                            "model": {
+                                "kind": "sharded",
+                                "class": type(getattr(model, "module", model)).__name__,
+                            },
                             "ref_model": None
                             if ref_model is None
                             else {"kind": "sharded", "class": type(ref_model).__name__},
@@ -801,7 +813,7 @@ class CheckpointManager:
                             if optimizer is None
                             else {
                                 "class": unwrapped_class(optimizer, "optimizer"),
-                                "empty": state.optimizer_empty,
+                                "empty": state is not None and state.optimizer_empty,
                             },
                             "scheduler": None
                             if saved_scheduler is None
@@ -813,7 +825,7 @@ class CheckpointManager:
                         manifest = {
                             "format": FORMAT,
                             "format_version": FORMAT_VERSION,
-                            "engine": _sharded.ENGINE,
+                            "engine": engine,
                             "step": step,
                             "run": self._run,
                             "created": created,
@@ -862,22 +874,32 @@ class CheckpointManager:
         root_fd: int,
         temp: str,
         temp_path: str,
-        state: _sharded.TensorState,
+        model: Any,
+        state: _sharded.TensorState | None,
         scheduler: TorchState | None,
         rng: RngState | None,
         extra: dict[str, Any] | None,
     ) -> dict[str, dict[str, Any]]:
-        """Every rank: DCP writes the shards, each rank writes and hashes its own files; all files by name."""
+        """Every rank: the engine writes the shards, each rank writes and hashes its own files; all by name.
+
+        ``state`` None: ``model`` is a DeepSpeed engine, which writes its partitions (parameters, optimizer)
+        with its own ``save_checkpoint``, flat into the temporary directory (tag ``"."``).
+        """
         from torch.distributed.checkpoint.filesystem import FileSystemWriter
         from torch.distributed.checkpoint.state_dict_saver import save
 
         failure: BaseException | None = None
         try:
-            writer = FileSystemWriter(temp_path, single_file_per_rank=True, sync_files=True, thread_count=1)
-            save(state.tensors, storage_writer=writer)
+            if state is None:
+                model.save_checkpoint(temp_path, tag=DEEPSPEED_TAG, save_latest=False)
+            else:
+                writer = FileSystemWriter(
+                    temp_path, single_file_per_rank=True, sync_files=True, thread_count=1
+                )
+                save(state.tensors, storage_writer=writer)
         except BaseException as error:
             failure = error
-        ranks.agree(failure, "writing the shards (torch.distributed.checkpoint.save)")
+        ranks.agree(failure, "writing the shards")
         files: dict[str, dict[str, Any]] = {}
         failure = None
         try:
@@ -894,7 +916,10 @@ class CheckpointManager:
                         temp_fd, tensor_name, rng.tensors(), where=temp_path
                     )
                 if ranks.main:
-                    if state.optimizer_skeleton is not None:
+                    for script in _sharded.DEEPSPEED_SCRIPTS:  # DeepSpeed's tools, copied beside a save
+                        if state is None and entry_kind(script, temp_fd) is not None:
+                            os.unlink(script, dir_fd=temp_fd)
+                    if state is not None and state.optimizer_skeleton is not None:
                         skeleton = state.optimizer_skeleton
                         files["optimizer.pt"] = write_file(
                             temp_fd,
@@ -942,6 +967,7 @@ class CheckpointManager:
 
     def _restore_sharded(
         self,
+        engine: str,
         step: object,
         before_step: object,
         wanted: Mapping[str, bool],
@@ -976,10 +1002,11 @@ class CheckpointManager:
                     dir_fd, where, data = self._open_step(root_fd, target)
                     os.close(dir_fd)
                     manifest_where = os.path.join(where, MANIFEST)
-                    if _engine(data) != _sharded.ENGINE:
+                    saved_by = _engine(data)
+                    if saved_by != engine:
                         msg = (
-                            f"checkpoint {where} is not sharded (saved from a model without DTensor "
-                            "parameters), but `model` is sharded; nothing was restored."
+                            f"checkpoint {where} was saved through the {_ENGINE_NAMES[saved_by]}, but "
+                            f"`model` needs the {_ENGINE_NAMES[engine]}; nothing was restored."
                         )
                         raise CheckpointError(msg)
                     manifest = _parse_sharded_manifest(data, target, manifest_where)
@@ -1025,13 +1052,23 @@ class CheckpointManager:
             saved_rng: RngState | None = None
             extra: dict[str, Any] | None = None
             try:
-                optimizer_empty = contents["optimizer"] is not None and contents["optimizer"]["empty"]
-                target_state = _sharded.capture(
-                    live.model, live.optimizer, live.ref_model, optimizer_state=not optimizer_empty
-                )
-                metadata = FileSystemReader(where).read_metadata()
-                _sharded.check_saved_keys(f"checkpoint {where}", target_state.tensors, metadata)
-                if live.optimizer is not None:
+                if engine == _sharded.DEEPSPEED:
+                    _check_engine_parts(live.model, live.optimizer, live.ref_model)
+                    if manifest["world_size"] != ranks.world:
+                        msg = (
+                            f"checkpoint {where} holds the ZeRO partitions of {manifest['world_size']} "
+                            f"ranks, this run has {ranks.world}: a DeepSpeed engine restores its own "
+                            "partitioning only; nothing was restored."
+                        )
+                        raise CheckpointError(msg)
+                else:
+                    optimizer_empty = contents["optimizer"] is not None and contents["optimizer"]["empty"]
+                    target_state = _sharded.capture(
+                        live.model, live.optimizer, live.ref_model, optimizer_state=not optimizer_empty
+                    )
+                    metadata = FileSystemReader(where).read_metadata()
+                    _sharded.check_saved_keys(f"checkpoint {where}", target_state.tensors, metadata)
+                if live.optimizer is not None and engine == _sharded.ENGINE:
                     skeleton = _torch_state(where, "optimizer.pt", read("optimizer.pt"))
                     _check_optimizer(
                         f"checkpoint {where}",
@@ -1065,18 +1102,28 @@ class CheckpointManager:
             except BaseException as error:
                 failure = error
             ranks.agree(failure, f"checking checkpoint {where} against the live model")
-            target_state = cast(_sharded.TensorState, target_state)
             failure = None
             try:
-                load(target_state.tensors, storage_reader=FileSystemReader(where))
-                _sharded.load(
-                    live.model,
-                    live.optimizer,
-                    live.ref_model,
-                    target_state,
-                    skeleton,
-                    skeleton_empty=bool(contents["optimizer"] and contents["optimizer"]["empty"]),
-                )
+                if target_state is None:  # a DeepSpeed engine reads its own partitions (tag ".": flat)
+                    loaded, _ = cast(Any, live.model).load_checkpoint(
+                        where,
+                        tag=DEEPSPEED_TAG,
+                        load_optimizer_states=live.optimizer is not None,
+                        load_lr_scheduler_states=False,
+                    )
+                    if loaded is None:
+                        msg = "DeepSpeed's load_checkpoint found nothing to load"
+                        raise CheckpointError(msg)
+                else:
+                    load(target_state.tensors, storage_reader=FileSystemReader(where))
+                    _sharded.load(
+                        live.model,
+                        live.optimizer,
+                        live.ref_model,
+                        target_state,
+                        skeleton,
+                        skeleton_empty=bool(contents["optimizer"] and contents["optimizer"]["empty"]),
+                    )
                 if live.scheduler is not None and saved_scheduler is not None:
                     live.scheduler.load_state_dict(saved_scheduler.state)
                 if saved_rng is not None:
@@ -1415,14 +1462,15 @@ class CheckpointManager:
         dir_fd, where, data = self._open_step(root_fd, step)
         try:
             manifest_where = os.path.join(where, MANIFEST)
-            if _engine(data) == _sharded.ENGINE:
+            if _engine(data) in _ENGINE_NAMES and _engine(data) != "files":
                 sharded = _parse_sharded_manifest(data, step, manifest_where)
                 self._require_own(f"checkpoint {where}", sharded.get("run"))
                 if wanted is not None:
                     msg = (
-                        f"checkpoint {where} is sharded (saved through torch.distributed.checkpoint by "
-                        f"{sharded['world_size']} rank(s)), but `model` has no DTensor parameters: restore "
-                        "it into the sharded model (FSDP2), on every rank; nothing was restored."
+                        f"checkpoint {where} is sharded (saved through the "
+                        f"{_ENGINE_NAMES[sharded['engine']]} by {sharded['world_size']} rank(s)), but "
+                        "`model` is not: restore it into the sharded model (FSDP2) or the DeepSpeed "
+                        "engine, on every rank; nothing was restored."
                     )
                     raise CheckpointError(msg)
                 _sharded.verify_share(dir_fd, where, sharded["files"], 0, 1)
@@ -1480,6 +1528,49 @@ _MISSING_PART = {
     "ref_model": "has no reference model (saved without `ref_model`); pass ref_model=None",
     "rng": "has no RNG state (saved with rng=False); pass rng=False",
 }
+
+
+DEEPSPEED_TAG = "."
+"""The tag a DeepSpeed engine saves under: ``"."`` puts its files flat into the checkpoint directory."""
+
+_ENGINE_NAMES = {
+    "files": "file engine (an unsharded model)",
+    _sharded.ENGINE: "torch.distributed.checkpoint engine (DTensor parameters: FSDP2)",
+    _sharded.DEEPSPEED: "DeepSpeed engine's own checkpointing (ZeRO)",
+}
+
+
+def _refuse_zero3_module(model: object) -> None:
+    """A module whose parameters ZeRO-3 partitioned cannot be saved alone: its engine must be passed."""
+    if _sharded.zero3_partitioned(model):
+        msg = (
+            "`model`'s parameters are partitioned by DeepSpeed ZeRO-3, so no process holds them: pass the "
+            "DeepSpeed engine instead (the first value deepspeed.initialize returns; a Trainer's "
+            "trainer.model_wrapped), on every rank together."
+        )
+        raise ConfigError(msg)
+
+
+def _check_engine_parts(model: Any, optimizer: Any, ref_model: Any) -> None:
+    """A DeepSpeed engine saves and restores its own optimizer; only that one may be passed."""
+    if optimizer is not None:
+        owned, value = getattr(model, "optimizer", None), optimizer
+        for _ in range(4):  # Accelerate / Trainer wrappers keep the engine's optimizer as .optimizer
+            if value is owned or value is None:
+                break
+            value = getattr(value, "optimizer", None)
+        if value is not owned or owned is None:
+            msg = (
+                "`optimizer` must be the DeepSpeed engine's own optimizer (engine.optimizer, which the "
+                f"engine saves with its partitions), got {type(optimizer).__name__}."
+            )
+            raise ConfigError(msg)
+    if ref_model is not None:
+        msg = (
+            "`ref_model` cannot be saved beside a DeepSpeed engine (a drifting reference under ZeRO is its "
+            "own engine); pass ref_model=None."
+        )
+        raise ConfigError(msg)
 
 
 @attrs.frozen(eq=False)
@@ -1551,7 +1642,11 @@ def _parse_sharded_manifest(data: bytes, step: int, where: str) -> dict[str, Any
         )
         if not valid:
             raise _fail(where, f"has a malformed entry for {name!r} (needs 'sha256' hex and 'bytes')")
-    if _sharded.DCP_METADATA not in files:
+    engine = manifest.get("engine")
+    if engine not in (_sharded.ENGINE, _sharded.DEEPSPEED):
+        raise _fail(where, f"records an unknown engine {describe(engine)}")
+    dcp = engine == _sharded.ENGINE
+    if dcp and _sharded.DCP_METADATA not in files:
         raise _fail(where, f"lists no {_sharded.DCP_METADATA!r} (DCP's plan of the shards)")
     for part in ("model", "ref_model"):
         record = contents[part]
@@ -1566,7 +1661,7 @@ def _parse_sharded_manifest(data: bytes, step: int, where: str) -> dict[str, Any
         isinstance(optimizer, dict)
         and isinstance(optimizer.get("class"), str)
         and isinstance(optimizer.get("empty"), bool)
-        and "optimizer.pt" in files
+        and ("optimizer.pt" in files or not dcp)
     ):
         raise _fail(where, "has a malformed contents['optimizer'] entry (or no optimizer.pt)")
     scheduler = contents["scheduler"]

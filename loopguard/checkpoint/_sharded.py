@@ -53,19 +53,27 @@ __all__ = [
     "TensorState",
     "capture",
     "check_saved_keys",
-    "dcp_rank",
+    "engine_of",
+    "file_rank",
     "hash_own_files",
     "inner_optimizer",
+    "is_deepspeed",
     "is_sharded",
     "load",
     "rng_names",
     "sharded_file",
     "verify_share",
+    "zero3_partitioned",
 ]
 
 ENGINE = "dcp"
+DEEPSPEED = "deepspeed"
 DCP_METADATA = ".metadata"
+DEEPSPEED_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
+"""DeepSpeed's recovery scripts, copied beside every ``save_checkpoint``: not part of a checkpoint."""
 _DCP_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
+_DS_FILE = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_(?:model|optim)_states\.pt")
+_DS_MAIN_FILE = re.compile(r"mp_rank_\d+_model_states\.pt")
 _RNG_FILE = re.compile(r"rng-(\d{5})\.(?:json|safetensors)")
 _SHARED_FILES = frozenset({DCP_METADATA, "optimizer.pt", "scheduler.pt", "extra_state.json"})
 
@@ -74,9 +82,34 @@ def is_sharded(module: object) -> bool:
     """Whether ``module`` has a DTensor parameter (FSDP2, tensor parallel): its checkpoint is sharded."""
     if not isinstance(module, torch.nn.Module) or not torch.distributed.is_available():
         return False
-    from torch.distributed.tensor import DTensor
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # torch < 2.5: no public DTensor, so no FSDP2 either
+        return False
 
     return any(isinstance(parameter, DTensor) for parameter in module.parameters())
+
+
+def is_deepspeed(model: object) -> bool:
+    """Whether ``model`` is a DeepSpeed engine (what ``deepspeed.initialize`` returns first)."""
+    return (
+        isinstance(model, torch.nn.Module)
+        and callable(getattr(model, "save_checkpoint", None))
+        and callable(getattr(model, "load_checkpoint", None))
+        and callable(getattr(model, "zero_optimization_stage", None))
+    )
+
+
+def zero3_partitioned(module: object) -> bool:
+    """Whether ``module``'s parameters are partitioned by DeepSpeed ZeRO-3 (each carries a ``ds_id``)."""
+    return isinstance(module, torch.nn.Module) and any(hasattr(p, "ds_id") for p in module.parameters())
+
+
+def engine_of(model: object) -> str | None:
+    """The engine a checkpoint of ``model`` goes through: ``"deepspeed"``, ``"dcp"`` (DTensors) or None."""
+    if is_deepspeed(model):
+        return DEEPSPEED
+    return ENGINE if is_sharded(model) else None
 
 
 def rng_names(rank: int) -> tuple[str, str]:
@@ -84,19 +117,22 @@ def rng_names(rank: int) -> tuple[str, str]:
     return f"rng-{rank:05d}.json", f"rng-{rank:05d}.safetensors"
 
 
-def dcp_rank(name: str) -> int | None:
-    """The rank whose DCP shard file ``name`` is (``__<rank>_<n>.distcp``), or None."""
-    match = _DCP_FILE.fullmatch(name)
-    return None if match is None else int(match.group(1))
+def file_rank(name: str) -> int | None:
+    """The rank that wrote shard file ``name``, or None for loopguard's own files.
+
+    DCP's ``__<rank>_<n>.distcp`` and DeepSpeed's ``zero_pp_rank_<rank>_...`` belong to that rank; DCP's
+    ``.metadata`` and DeepSpeed's ``mp_rank_<n>_model_states.pt`` to rank 0, which alone writes them.
+    """
+    for pattern in (_DCP_FILE, _DS_FILE):
+        match = pattern.fullmatch(name)
+        if match is not None:
+            return int(match.group(1))
+    return 0 if name == DCP_METADATA or _DS_MAIN_FILE.fullmatch(name) else None
 
 
 def sharded_file(name: str) -> bool:
     """Whether ``name`` may appear in a sharded checkpoint (besides ``manifest.json``)."""
-    return (
-        name in _SHARED_FILES
-        or _DCP_FILE.fullmatch(name) is not None
-        or _RNG_FILE.fullmatch(name) is not None
-    )
+    return name in _SHARED_FILES or _RNG_FILE.fullmatch(name) is not None or file_rank(name) is not None
 
 
 class Ranks:
@@ -265,10 +301,8 @@ def load(
 
 
 def hash_own_files(dir_fd: int, where: str, rank: int) -> dict[str, dict[str, Any]]:
-    """Hash the files ``rank`` wrote into a sharded checkpoint: its DCP shards (rank 0: and ``.metadata``)."""
-    names = sorted(
-        name for name in os.listdir(dir_fd) if dcp_rank(name) == rank or (rank == 0 and name == DCP_METADATA)
-    )
+    """Hash the files ``rank`` wrote into a sharded checkpoint: its shards (rank 0: also the shared plan)."""
+    names = sorted(name for name in os.listdir(dir_fd) if file_rank(name) == rank)
     return {name: hash_file(dir_fd, name, os.path.join(where, name)) for name in names}
 
 

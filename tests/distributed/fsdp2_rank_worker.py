@@ -42,15 +42,18 @@ def main():
     rank = dist.get_rank()
 
     class Policy(torch.nn.Module):
-        """Logits per position from a position embedding and a linear head (two FSDP2 units)."""
+        """A logits table per position, mixed by a linear layer that starts as the identity."""
 
         def __init__(self) -> None:
             super().__init__()
-            self.embed = torch.nn.Embedding(LENGTH, 16)
-            self.head = torch.nn.Linear(16, WORDS)
+            self.logits = torch.nn.Parameter(torch.zeros(LENGTH, WORDS))
+            self.head = torch.nn.Linear(WORDS, WORDS)
+            with torch.no_grad():
+                self.head.weight.copy_(torch.eye(WORDS))
+                self.head.bias.zero_()
 
         def forward(self) -> torch.Tensor:
-            return torch.log_softmax(self.head(self.embed.weight), dim=-1)
+            return torch.log_softmax(self.head(self.logits), dim=-1)
 
     def build(seed):
         torch.manual_seed(seed)
@@ -60,7 +63,7 @@ def main():
         reference.requires_grad_(False)
         fully_shard(policy.head)
         fully_shard(policy)
-        optimizer = torch.optim.Adam(policy.parameters(), lr=1.0)
+        optimizer = torch.optim.Adam(policy.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.01 * step))
         return policy, reference, optimizer, scheduler
 
