@@ -1066,6 +1066,14 @@ class CheckpointManager:
                     target_state = _sharded.capture(
                         live.model, live.optimizer, live.ref_model, optimizer_state=not optimizer_empty
                     )
+                    live_optimizer = list(_sharded.flatten(target_state.tensors.get("optimizer", {})))
+                    if live.optimizer is not None and not optimizer_empty and not live_optimizer:
+                        msg = (
+                            f"checkpoint {where} holds optimizer state, but `optimizer` holds none and could "
+                            "not be given any (its parameters still have gradients): call "
+                            "optimizer.zero_grad(set_to_none=True) before restoring; nothing was restored."
+                        )
+                        raise CheckpointError(msg)
                     metadata = FileSystemReader(where).read_metadata()
                     _sharded.check_saved_keys(f"checkpoint {where}", target_state.tensors, metadata)
                 if live.optimizer is not None and engine == _sharded.ENGINE:

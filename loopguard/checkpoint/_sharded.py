@@ -206,13 +206,19 @@ class TensorState:
 
 
 def capture(
-    model: torch.nn.Module, optimizer: Any, ref_model: torch.nn.Module | None, *, optimizer_state: bool = True
+    model: torch.nn.Module,
+    optimizer: Any,
+    ref_model: torch.nn.Module | None,
+    *,
+    optimizer_state: bool | None = None,
 ) -> TensorState:
     """The live state as DCP saves it: references to the live tensors, nothing copied.
 
-    An optimizer that has taken no step is captured by its plain ``state_dict()`` (DCP's ``get_state_dict``
-    would initialise its state with a zero-gradient step, which changes Adam's step count in the user's
-    run). ``optimizer_state=False`` (a restore whose checkpoint holds no optimizer state) does the same.
+    ``optimizer_state=None`` (a save): an optimizer that has taken no step is captured by its plain
+    ``state_dict()`` (DCP's ``get_optimizer_state_dict`` would give it state with a zero-gradient step, which
+    changes Adam's step count in the user's run). ``True`` (a restore of saved optimizer state): DCP's
+    ``get_optimizer_state_dict`` always, so the live state has the saved structure to load into (an empty
+    optimizer is given state first; all of it is then overwritten). ``False``: the plain ``state_dict()``.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -221,10 +227,20 @@ def capture(
     empty = False
     if optimizer is not None:
         inner = inner_optimizer(optimizer)
-        if not inner.state or not optimizer_state:
+        if optimizer_state is False or (optimizer_state is None and not inner.state):
             skeleton, empty = inner.state_dict(), True
         else:
-            full = cast(dict[str, Any], get_optimizer_state_dict(model, inner))
+            # DCP gives an optimizer without state its state only when no parameter has a gradient: set
+            # them aside for that (a restore overwrites all of it), then put them back
+            stashed = [(p, p.grad) for group in inner.param_groups for p in group["params"]]
+            if not inner.state:
+                for parameter, _ in stashed:
+                    parameter.grad = None
+            try:
+                full = cast(dict[str, Any], get_optimizer_state_dict(model, inner))
+            finally:
+                for parameter, grad in stashed:
+                    parameter.grad = grad
             state_tensors: dict[str, dict[str, Any]] = {}
             state_rest: dict[str, dict[str, Any]] = {}
             for name, entries in full["state"].items():

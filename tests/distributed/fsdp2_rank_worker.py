@@ -5,8 +5,9 @@ Usage: ``python -m torch.distributed.run --standalone --nproc_per_node 2 fsdp2_r
 ``MODE`` is ``train`` (REINFORCE with a KL penalty; from ``BUG_STEP`` the reward pays for the word ``x`` in rank
 1's data only; LoopGuard saves sharded checkpoints through CheckpointManager, rolls back on a decision taken
 alike on both ranks, and stops), ``kill`` (two saves: the second one loses rank 1 to SIGKILL after its shards
-are written, before the checkpoint is committed) or ``tamper`` (a byte of rank 1's shard file changes after
-the save; the restore must fail on both ranks and change nothing).
+are written, before the checkpoint is committed) or ``tamper`` (a restore to a checkpoint saved before the
+first optimizer step, one with each rank's RNG states, then a byte of rank 1's shard file changes: the
+restore must fail on both ranks and change nothing).
 
 Each rank writes ``rank<R>.json``: per-step actions and betas, the rollbacks, and SHA-256 digests of the full
 (gathered) parameters and optimizer state after every step and after every restore.
@@ -29,7 +30,7 @@ def main():
     """Run one rank (imports here: pytest's doctest collection imports this file without running it)."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     from torch.distributed.fsdp import fully_shard
 
     from loopguard import EscalationLadder, Guard, Observation
@@ -68,13 +69,22 @@ def main():
         return policy, reference, optimizer, scheduler
 
     def digest(model, optimizer):
-        """SHA-256 of the full parameters and optimizer state, gathered from both ranks (a collective)."""
+        """SHA-256 of the full parameters and optimizer state, gathered from both ranks (a collective).
+
+        With an optimizer that has taken no step, DCP's get_state_dict first gives it state (a zero-gradient
+        step); ``optimizer=None`` digests the parameters alone and leaves the optimizer as it is.
+        """
         options = StateDictOptions(full_state_dict=True, cpu_offload=False)
-        model_state, optim_state = get_state_dict(model, optimizer, options=options)
+        if optimizer is None:
+            model_state, optim_state = get_model_state_dict(model, options=options), None
+        else:
+            model_state, optim_state = get_state_dict(model, optimizer, options=options)
         hasher = hashlib.sha256()
         for name, tensor in sorted(model_state.items()):
             hasher.update(name.encode())
             hasher.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        if optim_state is None:
+            return hasher.hexdigest()
         for name, entries in sorted(optim_state["state"].items()):
             for key, value in sorted(entries.items()):
                 hasher.update(f"{name}.{key}".encode())
@@ -105,11 +115,20 @@ def main():
     if mode == "tamper":
         from loopguard.checkpoint import CheckpointError
 
-        policy, _, optimizer, _ = build(0)
+        policy, _, optimizer, scheduler = build(0)
         manager = CheckpointManager(store, keep_last=None)
+        initial = digest(policy, None)
+        manager.save(0, policy, optimizer, scheduler)  # before the first step: Adam holds no state yet
         policy().sum().backward()
         optimizer.step()
-        manager.save(2, policy, optimizer)
+        scheduler.step()
+        manager.save(2, policy, optimizer, scheduler)  # with each rank's RNG states
+        saved = digest(policy, optimizer)
+        draw = torch.rand(3).tolist()  # what this rank's generator gives right after the save
+        manager.restore(0, policy, optimizer, scheduler, rng=False)
+        back_to_start = not optimizer.state and digest(policy, None) == initial
+        manager.restore(2, policy, optimizer, scheduler, rng=True)
+        restored = digest(policy, optimizer) == saved and torch.rand(3).tolist() == draw
         dist.barrier()
         if rank == 0:  # one byte of rank 1's shard file changes on disk
             path = os.path.join(store, "step-00000002", "__1_0.distcp")
@@ -127,7 +146,14 @@ def main():
             error = None
         except CheckpointError as caught:
             error = str(caught)
-        record = {"rank": rank, "error": error, "unchanged": digest(policy, optimizer) == live}
+        record = {
+            "rank": rank,
+            "error": error,
+            "unchanged": digest(policy, optimizer) == live,
+            "back_to_start": back_to_start,
+            "restored": restored,
+            "lr": scheduler.get_last_lr(),
+        }
         with open(os.path.join(out, f"rank{rank}.json"), "w", encoding="utf-8") as handle:
             json.dump(record, handle)
         dist.destroy_process_group()

@@ -65,8 +65,15 @@ def test_a_sharded_policy_rolls_back_on_every_rank_to_the_checkpoints_state(tmp_
         store.verify(step)
 
 
-def test_a_corrupted_shard_fails_the_restore_on_both_ranks_and_changes_nothing(tmp_path):
+def test_restores_of_an_empty_optimizer_and_of_rng_states_and_a_corrupted_shard(tmp_path):
     zero, one = launch("fsdp2_rank_worker.py", tmp_path, "tamper", timeout=240)
+    # first, the clean restores: to the step-0 checkpoint (no optimizer state yet: the state is emptied) and
+    # to step 2 with each rank's own RNG states (the next draws repeat the ones made right after the save)
+    assert zero["back_to_start"]
+    assert one["back_to_start"]
+    assert zero["restored"]
+    assert one["restored"]
+    assert zero["lr"] == one["lr"]
     assert "__1_0.distcp fails its SHA-256 check" in zero["error"]
     assert "failed on rank 0" in one["error"]
     assert zero["unchanged"]
