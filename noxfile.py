@@ -83,3 +83,28 @@ def adapters(session: nox.Session, trl: str) -> None:
     session.install("-e", ".[test]", *pins)
     session.run("python", "-c", _CHECK, TORCH, *pins)
     session.run("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *(session.posargs or TESTS))
+
+
+# verl pins transformers < 5.11 and pulls Ray, so it gets an environment of its own. Its trainer module
+# imports cachetools, fastapi and uvicorn without declaring them (verl 0.9.1).
+VERL = "verl==0.9.1"
+VERL_UNDECLARED = ("cachetools", "fastapi", "uvicorn")
+
+
+@nox.session
+def verl(session: nox.Session) -> None:
+    """GuardedKLController driven through verl's own KL-controller factory and apply_kl_penalty (CPU)."""
+    session.env.update({"HF_HUB_OFFLINE": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    session.install(TORCH)
+    session.install(VERL, *VERL_UNDECLARED)
+    session.install("-e", ".", "pytest>=8", "hypothesis>=6.100")
+    session.run("python", "-c", _CHECK, TORCH, VERL)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        *(session.posargs or ("tests-engines/verl",)),
+    )

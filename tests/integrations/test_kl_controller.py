@@ -50,6 +50,21 @@ def test_same_interface_as_the_engines_controllers():
     assert ours.n_steps == 8
 
 
+def test_openrlhfs_call_positional_update_and_value_reads():
+    # OpenRLHF 0.11.2 cannot be installed here (it pins flash-attn 2.8.3, a CUDA build). Its PPO trainer
+    # (openrlhf/trainer/ppo_trainer.py) calls ``self.kl_ctl.update(status["kl"], batch_size * n_samples)``
+    # positionally and hands ``self.kl_ctl.value`` to the actors; its controllers name the first argument
+    # ``current``, not ``current_kl``, so only a positional call works on both.
+    controller = GuardedKLController(init_kl_coef=0.02)
+    assert controller.update(0.3, 64) is None
+    assert controller.last_kl == 0.3
+    assert controller.n_steps == 64
+    assert controller.value == 0.02
+    assert [p.kind for p in inspect.signature(controller.update).parameters.values()] == [
+        inspect.Parameter.POSITIONAL_OR_KEYWORD
+    ] * 2
+
+
 def test_drives_an_engine_loop_raises_beta_then_asks_to_roll_back_and_stop():
     ladder = EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=1)
     controller = GuardedKLController(
