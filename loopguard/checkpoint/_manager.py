@@ -1614,42 +1614,11 @@ def _engine(data: bytes) -> str:
 
 def _parse_sharded_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
     """Parse and validate a sharded checkpoint's ``manifest.json`` (as :func:`_parse_manifest`)."""
-    try:
-        manifest = load_json(data)
-    except ValueError as error:
-        raise _fail(where, f"is not valid JSON ({error})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise _fail(where, f"is not a loopguard checkpoint manifest (format must be {FORMAT!r})")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise _fail(
-            where,
-            f"has format_version {manifest.get('format_version')!r}; this loopguard reads {FORMAT_VERSION}",
-        )
-    if manifest.get("step") != step or type(manifest.get("step")) is not int:
-        raise _fail(where, f"records step {manifest.get('step')!r}, but its directory is step {step}")
-    run = manifest.get("run")
-    if run is not None and (not isinstance(run, str) or RUN_ID_PATTERN.fullmatch(run) is None):
-        raise _fail(where, f"records a malformed run identity {describe(run)}")
+    manifest = _parse_manifest_common(data, step, where, _sharded.sharded_file, "a sharded checkpoint file")
+    files, contents = manifest["files"], manifest["contents"]
     world = manifest.get("world_size")
-    files, contents = manifest.get("files"), manifest.get("contents")
     if type(world) is not int or world < 1:
         raise _fail(where, f"records a malformed world_size {describe(world)}")
-    if not isinstance(files, dict) or not isinstance(contents, dict) or set(contents) != set(_PART_FILES):
-        raise _fail(where, "lacks a valid 'files' or 'contents' section")
-    for name, entry in files.items():
-        if not isinstance(name, str) or not _sharded.sharded_file(name):
-            raise _fail(
-                where, f"lists {name!r}, which is not a sharded checkpoint file name (paths are refused)"
-            )
-        valid = (
-            isinstance(entry, dict)
-            and isinstance(entry.get("sha256"), str)
-            and _SHA256.fullmatch(entry["sha256"]) is not None
-            and type(entry.get("bytes")) is int
-            and 0 <= entry["bytes"] <= 2**50
-        )
-        if not valid:
-            raise _fail(where, f"has a malformed entry for {name!r} (needs 'sha256' hex and 'bytes')")
     engine = manifest.get("engine")
     if engine not in (_sharded.ENGINE, _sharded.DEEPSPEED):
         raise _fail(where, f"records an unknown engine {describe(engine)}")
@@ -1800,8 +1769,14 @@ def _check_module_record(where: str, part: str, record: object) -> None:
         raise _fail(where, f"has a malformed contents[{part!r}] entry")
 
 
-def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
-    """Parse and validate ``manifest.json``: format, step, known file names only, hashes, sizes, contents."""
+def _parse_manifest_common(
+    data: bytes, step: int, where: str, known: Callable[[str], bool], kind: str
+) -> dict[str, Any]:
+    """Check what every manifest must hold; return it parsed.
+
+    That is: loopguard's format and version, this step, a run identity or none, and ``files`` of ``known``
+    names (no paths) with a SHA-256 and a size each, beside a ``contents`` section.
+    """
     try:
         manifest = load_json(data)
     except ValueError as error:
@@ -1820,10 +1795,9 @@ def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
     if not isinstance(files, dict) or not isinstance(contents, dict) or set(contents) != set(_PART_FILES):
         raise _fail(where, "lacks a valid 'files' or 'contents' section")
     for name, entry in files.items():
-        if name not in _FILES:
+        if not isinstance(name, str) or not known(name):
             raise _fail(
-                where,
-                f"lists {name!r}, which is not a checkpoint file name (paths and unknown names are refused)",
+                where, f"lists {name!r}, which is not {kind} name (paths and unknown names are refused)"
             )
         valid = (
             isinstance(entry, dict)
@@ -1834,6 +1808,13 @@ def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
         )
         if not valid:
             raise _fail(where, f"has a malformed entry for {name!r} (needs 'sha256' hex and 'bytes')")
+    return manifest
+
+
+def _parse_manifest(data: bytes, step: int, where: str) -> dict[str, Any]:
+    """Parse and validate ``manifest.json``: format, step, known file names only, hashes, sizes, contents."""
+    manifest = _parse_manifest_common(data, step, where, _FILES.__contains__, "a checkpoint file")
+    files, contents = manifest["files"], manifest["contents"]
     _check_module_record(where, "model", contents["model"])
     expected = {name for part, names in _PART_FILES.items() if contents[part] is not None for name in names}
     if set(files) != expected:

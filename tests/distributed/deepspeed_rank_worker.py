@@ -16,10 +16,6 @@ import json
 import os
 import sys
 
-WORDS = 8
-LENGTH, BATCH, GROUP, X = 8, 16, 8, 7
-BUG_STEP = 6
-
 
 def main():
     """Run one rank (imports here: pytest's doctest collection imports this file without running it)."""
@@ -28,38 +24,15 @@ def main():
     torch.set_num_threads(1)
     import deepspeed
     import torch.distributed as dist
-
-    from loopguard import EscalationLadder, Guard, Observation
-    from loopguard.adapters.loop import LoopGuard
-    from loopguard.checkpoint import CheckpointManager
+    from sharded_helpers import guarded_loop, policy_and_reference, rollout
 
     out = sys.argv[1]
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
-
-    class Policy(torch.nn.Module):
-        """A logits table per position, mixed by a linear layer that starts as the identity."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.logits = torch.nn.Parameter(torch.zeros(LENGTH, WORDS))
-            self.mix = torch.nn.Linear(WORDS, WORDS)
-            with torch.no_grad():
-                self.mix.weight.copy_(torch.eye(WORDS))
-                self.mix.bias.zero_()
-
-        def forward(self, positions: torch.Tensor) -> torch.Tensor:
-            return torch.log_softmax(self.mix(self.logits[positions]), dim=-1)
-
-    torch.manual_seed(0)
-    policy = Policy()
-    reference = Policy()
-    reference.load_state_dict(policy.state_dict())
-    reference.requires_grad_(False)
+    policy, reference = policy_and_reference(0)
     config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     optimizer = torch.optim.Adam(policy.parameters(), lr=0.1)
     engine, engine_optimizer, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
-    positions = torch.arange(LENGTH)
 
     def digest():
         """The gathered parameters (the same on every rank) and this rank's fp32 partitions and Adam state."""
@@ -81,38 +54,13 @@ def main():
 
     torch.manual_seed(1000 * (rank + 1))  # rank-local sampling
     beta = [0.02]
-    manager = CheckpointManager(os.path.join(out, "checkpoints"), keep_last=3)
-    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=6)
-    loop = LoopGuard(
-        Guard(mode="kl_control", warmup_steps=4, beta=beta[0], ladder=ladder),
-        set_beta=lambda value: beta.__setitem__(0, value),
-        checkpoint=manager,
-        checkpoint_every=2,
-    )
+    loop, manager = guarded_loop(out, beta)
     loop.save_start(engine, optimizer=engine_optimizer)
     steps, digests, after_restore, anchored = {}, {"0": digest()}, {}, {}
     for step in range(1, 41):
-        log_probs = engine(positions)
-        sampler = torch.distributions.Categorical(logits=log_probs)
-        ids = sampler.sample((BATCH,))
-        gold = torch.tensor([len(set(row.tolist())) / LENGTH for row in ids])
-        bugged = step >= BUG_STEP and rank == 1
-        rewards = gold + (5.0 if bugged else 0.0) * (ids == X).sum(dim=1).float()
-        grouped = rewards.view(-1, GROUP)
-        advantages = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
-        kl = (log_probs.exp() * (log_probs - reference(positions))).sum()
-        loss = -(advantages * sampler.log_prob(ids).sum(dim=1)).mean() + beta[0] * kl
+        loss, observation = rollout(engine, reference, step, rank, beta[0])
         engine.backward(loss)
         engine.step()
-        observation = Observation(
-            step,
-            rewards.tolist(),
-            completions=[" ".join("abcdefgx"[i] for i in row) for row in ids.tolist()],
-            completion_ids=ids.tolist(),
-            group_size=GROUP,
-            kl=float(kl.detach()),
-            beta=beta[0],
-        )
         applied = loop.step(observation, model=engine, optimizer=engine_optimizer, reference=reference)
         steps[str(step)] = {"action": applied.action, "beta": beta[0]}
         digests[str(step)] = digest()

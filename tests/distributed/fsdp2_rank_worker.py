@@ -21,20 +21,15 @@ import os
 import signal
 import sys
 
-WORDS = 8
-LENGTH, BATCH, GROUP, X = 8, 16, 8, 7
-BUG_STEP = 6
-
 
 def main():
     """Run one rank (imports here: pytest's doctest collection imports this file without running it)."""
     import torch
     import torch.distributed as dist
+    from sharded_helpers import POSITIONS, guarded_loop, policy_and_reference, rollout
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
     from torch.distributed.fsdp import fully_shard
 
-    from loopguard import EscalationLadder, Guard, Observation
-    from loopguard.adapters.loop import LoopGuard
     from loopguard.checkpoint import CheckpointManager
 
     torch.set_num_threads(1)
@@ -42,27 +37,9 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
 
-    class Policy(torch.nn.Module):
-        """A logits table per position, mixed by a linear layer that starts as the identity."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.logits = torch.nn.Parameter(torch.zeros(LENGTH, WORDS))
-            self.head = torch.nn.Linear(WORDS, WORDS)
-            with torch.no_grad():
-                self.head.weight.copy_(torch.eye(WORDS))
-                self.head.bias.zero_()
-
-        def forward(self) -> torch.Tensor:
-            return torch.log_softmax(self.head(self.logits), dim=-1)
-
     def build(seed):
-        torch.manual_seed(seed)
-        policy = Policy()
-        reference = Policy()
-        reference.load_state_dict(policy.state_dict())
-        reference.requires_grad_(False)
-        fully_shard(policy.head)
+        policy, reference = policy_and_reference(seed)
+        fully_shard(policy.mix)
         fully_shard(policy)
         optimizer = torch.optim.Adam(policy.parameters(), lr=0.1)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1.0 + 0.01 * step))
@@ -97,7 +74,7 @@ def main():
         policy, _, optimizer, _ = build(0)
         manager = CheckpointManager(store, keep_last=None)
         for step in (2, 4):
-            policy().sum().backward()
+            policy(POSITIONS).sum().backward()
             optimizer.step()
             optimizer.zero_grad()
             if step == 4 and rank == 1:
@@ -119,7 +96,7 @@ def main():
         manager = CheckpointManager(store, keep_last=None)
         initial = digest(policy, None)
         manager.save(0, policy, optimizer, scheduler)  # before the first step: Adam holds no state yet
-        policy().sum().backward()
+        policy(POSITIONS).sum().backward()
         optimizer.step()
         scheduler.step()
         manager.save(2, policy, optimizer, scheduler)  # with each rank's RNG states
@@ -138,7 +115,7 @@ def main():
                 handle.seek(-1, os.SEEK_CUR)
                 handle.write(bytes([byte[0] ^ 0xFF]))
         dist.barrier()
-        policy().sum().backward()
+        policy(POSITIONS).sum().backward()
         optimizer.step()
         live = digest(policy, optimizer)
         try:
@@ -162,40 +139,15 @@ def main():
     policy, reference, optimizer, scheduler = build(0)
     torch.manual_seed(1000 * (rank + 1))  # rank-local sampling
     beta = [0.02]
-    manager = CheckpointManager(store, keep_last=3)
-    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=6)
-    loop = LoopGuard(
-        Guard(mode="kl_control", warmup_steps=4, beta=beta[0], ladder=ladder),
-        set_beta=lambda value: beta.__setitem__(0, value),
-        checkpoint=manager,
-        checkpoint_every=2,
-    )
+    loop, manager = guarded_loop(out, beta)
     loop.save_start(policy, optimizer=optimizer, scheduler=scheduler)
     steps, digests, after_restore = {}, {"0": digest(policy, optimizer)}, {}
     for step in range(1, 41):
-        log_probs = policy()
-        sampler = torch.distributions.Categorical(logits=log_probs)
-        ids = sampler.sample((BATCH,))
-        gold = torch.tensor([len(set(row.tolist())) / LENGTH for row in ids])
-        bugged = step >= BUG_STEP and rank == 1
-        rewards = gold + (5.0 if bugged else 0.0) * (ids == X).sum(dim=1).float()
-        grouped = rewards.view(-1, GROUP)
-        advantages = (grouped - grouped.mean(dim=1, keepdim=True)).view(-1)
-        kl = (log_probs.exp() * (log_probs - reference().detach())).sum()
-        loss = -(advantages * sampler.log_prob(ids).sum(dim=1)).mean() + beta[0] * kl
+        loss, observation = rollout(policy, reference, step, rank, beta[0])
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         scheduler.step()
-        observation = Observation(
-            step,
-            rewards.tolist(),
-            completions=[" ".join("abcdefgx"[i] for i in row) for row in ids.tolist()],
-            completion_ids=ids.tolist(),
-            group_size=GROUP,
-            kl=float(kl.detach()),
-            beta=beta[0],
-        )
         applied = loop.step(observation, model=policy, optimizer=optimizer, scheduler=scheduler)
         steps[str(step)] = {
             "action": applied.action,

@@ -10,8 +10,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def launch(script, out_dir, *args, timeout=240):
-    """Run ``script`` on 2 processes; returns [rank0 result, rank1 result] (fails with the log otherwise)."""
+def run_workers(script, out_dir, *args, timeout=240):
+    """Run ``script`` on 2 processes (torch.distributed.run, gloo); returns the finished process, whatever its code."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     root = os.path.dirname(os.path.dirname(HERE))
@@ -27,7 +27,12 @@ def launch(script, out_dir, *args, timeout=240):
         str(out_dir),
         *args,
     ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def launch(script, out_dir, *args, timeout=240):
+    """Run ``script`` on 2 processes; returns [rank0 result, rank1 result] (fails with the log otherwise)."""
+    done = run_workers(script, out_dir, *args, timeout=timeout)
     assert done.returncode == 0, f"{script} failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     results = []
     for rank in (0, 1):

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from launch_helpers import HERE, launch
+from launch_helpers import launch, run_workers
 
 from loopguard.checkpoint import CheckpointError, CheckpointManager
 
@@ -81,21 +79,7 @@ def test_restores_of_an_empty_optimizer_and_of_rng_states_and_a_corrupted_shard(
 
 
 def test_a_rank_killed_mid_save_leaves_no_checkpoint_that_claims_to_be_complete(tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    root = os.path.dirname(os.path.dirname(HERE))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        os.path.join(HERE, "fsdp2_rank_worker.py"),
-        str(tmp_path),
-        "kill",
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
+    done = run_workers("fsdp2_rank_worker.py", tmp_path, "kill", timeout=240)
     assert done.returncode != 0
     assert "SIGKILL" in done.stderr + done.stdout, done.stderr[-3000:]
     folder = tmp_path / "checkpoints"
