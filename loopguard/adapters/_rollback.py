@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from loopguard._validation import check_path, describe
-from loopguard.exceptions import LoopguardTypeError
+from loopguard.exceptions import ConfigError, LoopguardTypeError
 
 if TYPE_CHECKING:
     from loopguard.guard import Guard
 
-__all__ = ["Parts", "RollbackStore", "open_manager", "restore_good", "synced_reference"]
+__all__ = ["Parts", "RollbackStore", "open_manager", "require_shared", "restore_good", "synced_reference"]
 
 
 def synced_reference(trainer: Any, args: Any) -> Any:
@@ -55,6 +55,21 @@ def synced_reference(trainer: Any, args: Any) -> Any:
     if getattr(args, "sync_ref_model", False):
         return getattr(trainer, "ref_model", None)
     return None
+
+
+def require_shared(manager: Any, world_size: int) -> None:
+    """Refuse an in-memory store when several processes train: each would hold its own, and only rank 0 saves.
+
+    Raises:
+        ConfigError: ``manager`` is in memory and ``world_size > 1`` (no rollback could ever happen).
+    """
+    if world_size > 1 and bool(getattr(manager, "in_memory", False)):
+        msg = (
+            f"`checkpoint` is an in-memory CheckpointManager, but {world_size} processes train: each process "
+            "would hold a store of its own and only rank 0 saves, so no rank could ever roll back. Give a "
+            "directory every rank can read (CheckpointManager(path), or checkpoint='path')."
+        )
+        raise ConfigError(msg)
 
 
 def open_manager(checkpoint: Any, *, keep_last: int = 3) -> Any:

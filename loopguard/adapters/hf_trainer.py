@@ -88,7 +88,7 @@ from loopguard.adapters._console import Console, alert, takes_text
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
 from loopguard.adapters._respond import default_manager, penalise_rewards, reanchor
-from loopguard.adapters._rollback import Parts, RollbackStore, open_manager, synced_reference
+from loopguard.adapters._rollback import Parts, RollbackStore, open_manager, require_shared, synced_reference
 from loopguard.adapters._run_scope import Run, default_store_dir, resolve_run, write_run_file
 from loopguard.adapters._tap import TappedReward, is_tapped
 from loopguard.control import EscalationLadder
@@ -865,6 +865,7 @@ class RewardHackMitigator(_Observer):
         ladder = self.guard.ladder
         wants = ladder is not None and ladder.max_rollbacks > 0
         if self._manager is not None:
+            require_shared(self._manager, int(getattr(args, "world_size", 1) or 1))
             if self._store is None or self._store.manager is not self._manager:
                 self._store = RollbackStore(self._manager, self.checkpoint_every, guard=self.guard)
             self._own_store = True

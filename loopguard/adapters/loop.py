@@ -34,7 +34,7 @@ from loopguard._saved_state import decode_rollbacks, open_versioned_state
 from loopguard._validation import check_bool, check_int
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._respond import reanchor
-from loopguard.adapters._rollback import Parts, RollbackStore, restore_good
+from loopguard.adapters._rollback import Parts, RollbackStore, require_shared, restore_good
 from loopguard.exceptions import ConfigError
 
 if TYPE_CHECKING:
@@ -171,7 +171,8 @@ class LoopGuard:
         last_decision: The latest decision.
 
     Raises:
-        ConfigError, LoopguardTypeError: ``checkpoint_every`` not an integer >= 1, or without ``checkpoint``.
+        ConfigError, LoopguardTypeError: ``checkpoint_every`` not an integer >= 1, or without ``checkpoint``;
+            an in-memory ``checkpoint`` when several processes train (each would hold its own store).
     """
 
     def __init__(
@@ -190,6 +191,8 @@ class LoopGuard:
         self.set_beta = set_beta
         self.checkpoint = checkpoint
         self.sync = RankSync() if sync is None else sync
+        if checkpoint is not None:
+            require_shared(checkpoint, self.sync.world_size)
         self._store: RollbackStore | None = None
         if checkpoint_every is not None:
             every = check_int("checkpoint_every", checkpoint_every, lo=1)

@@ -123,9 +123,18 @@ def main():
             error = None
         except CheckpointError as caught:
             error = str(caught)
+        from loopguard import ConfigError, Guard
+        from loopguard.adapters.loop import LoopGuard
+
+        try:  # one store per process, saved by rank 0 only: no rank could ever roll back
+            LoopGuard(Guard(), checkpoint=CheckpointManager(in_memory=True))
+            in_memory = None
+        except ConfigError as refused:
+            in_memory = str(refused)
         record = {
             "rank": rank,
             "error": error,
+            "in_memory": in_memory,
             "unchanged": digest(policy, optimizer) == live,
             "back_to_start": back_to_start,
             "restored": restored,
