@@ -99,4 +99,4 @@ def test_verls_apply_kl_penalty_uses_the_guards_beta_and_feeds_it_the_kl():
     assert raised
     assert min(raised) <= HACK_FROM + 3  # the hack raised beta within a few steps
     assert controller.should_stop  # it kept paying at the raised beta: the Guard asked verl to stop
-    assert max(betas) < 29
+    assert len(betas) < 30  # it stopped before the loop ran out
