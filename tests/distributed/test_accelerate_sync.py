@@ -53,6 +53,7 @@ def test_accelerate_example_runs_in_one_process(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    assert done.stdout.startswith("1 process(es), ")
+    # Accelerate imports DeepSpeed when it is installed, and DeepSpeed prints its accelerator choice to stdout
+    assert any(line.startswith("1 process(es), ") for line in done.stdout.splitlines()), done.stdout
     assert "rolled back at step" in done.stdout
     assert (tmp_path / "state" / "loopguard_state.json").is_file()
