@@ -477,7 +477,7 @@ class CheckpointManager:
             return self._save_sharded(
                 engine, step, model, optimizer, scheduler, ref_model, rollout_buffer, rng, extra_sharded
             )
-        _refuse_zero3_module(model)
+        _refuse_unsaveable(model)
         model_state = capture_module("model", model)
         ref_state = None
         if ref_model is not None:
@@ -653,7 +653,7 @@ class CheckpointManager:
         if engine is not None:
             parts = _Live(model, optimizer, scheduler, ref_model, rng)
             return self._restore_sharded(engine, step, before_step, wanted, parts, discard_newer)
-        _refuse_zero3_module(model)
+        _refuse_unsaveable(model)
         if self._in_memory:
             return self._restore_memory(step, before_step, wanted, load, discard_newer)
         return self._restore_disk(step, before_step, wanted, load, discard_newer)
@@ -1548,8 +1548,19 @@ _ENGINE_NAMES = {
 }
 
 
-def _refuse_zero3_module(model: object) -> None:
-    """A module whose parameters ZeRO-3 partitioned cannot be saved alone: its engine must be passed."""
+def _refuse_unsaveable(model: object) -> None:
+    """Refuse what one process cannot save: ZeRO-3 partitions without their engine, FSDP1 wrappers.
+
+    FSDP1 keeps its parameters and optimizer state flattened and sharded per rank.
+    """
+    if _sharded.fsdp1_wrapped(model):
+        msg = (
+            "`model` is wrapped in FSDP1 (FullyShardedDataParallel), whose optimizer state is flattened and "
+            "sharded per rank: one process cannot save or restore it. Shard the policy with FSDP2 instead "
+            "(torch.distributed.fsdp.fully_shard: DTensor parameters, which every rank saves together "
+            "through torch.distributed.checkpoint), or give the Guard no rollback rung."
+        )
+        raise ConfigError(msg)
     if _sharded.zero3_partitioned(model):
         msg = (
             "`model`'s parameters are partitioned by DeepSpeed ZeRO-3, so no process holds them: pass the "

@@ -55,6 +55,7 @@ __all__ = [
     "check_saved_keys",
     "engine_of",
     "file_rank",
+    "fsdp1_wrapped",
     "hash_own_files",
     "inner_optimizer",
     "is_deepspeed",
@@ -98,6 +99,17 @@ def is_deepspeed(model: object) -> bool:
         and callable(getattr(model, "load_checkpoint", None))
         and callable(getattr(model, "zero_optimization_stage", None))
     )
+
+
+def fsdp1_wrapped(module: object) -> bool:
+    """Whether ``module`` is or holds an FSDP1 ``FullyShardedDataParallel`` wrapper (flat, sharded state)."""
+    if not isinstance(module, torch.nn.Module) or not torch.distributed.is_available():
+        return False
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - every torch that loopguard supports has it
+        return False
+    return any(isinstance(child, FullyShardedDataParallel) for child in module.modules())
 
 
 def zero3_partitioned(module: object) -> bool:

@@ -123,9 +123,16 @@ def main():
             error = None
         except CheckpointError as caught:
             error = str(caught)
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
         from loopguard import ConfigError, Guard
         from loopguard.adapters.loop import LoopGuard
 
+        try:  # FSDP1: flattened, sharded optimizer state that one process cannot save
+            manager.save(10, FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu")))
+            fsdp1 = None
+        except ConfigError as refused:
+            fsdp1 = str(refused)
         try:  # one store per process, saved by rank 0 only: no rank could ever roll back
             LoopGuard(Guard(), checkpoint=CheckpointManager(in_memory=True))
             in_memory = None
@@ -135,6 +142,7 @@ def main():
             "rank": rank,
             "error": error,
             "in_memory": in_memory,
+            "fsdp1": fsdp1,
             "unchanged": digest(policy, optimizer) == live,
             "back_to_start": back_to_start,
             "restored": restored,

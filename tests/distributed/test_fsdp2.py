@@ -79,6 +79,8 @@ def test_restores_of_an_empty_optimizer_and_of_rng_states_and_a_corrupted_shard(
     # under several processes an in-memory store is refused at once (each rank would hold its own)
     for record in (zero, one):
         assert "in-memory CheckpointManager, but 2 processes train" in record["in_memory"]
+        assert "wrapped in FSDP1" in record["fsdp1"]
+        assert "Shard the policy with FSDP2" in record["fsdp1"]
 
 
 def test_a_rank_killed_mid_save_leaves_no_checkpoint_that_claims_to_be_complete(tmp_path):
