@@ -105,6 +105,17 @@ class Parts:
     scheduler: Any = None
     ref_model: Any = None
 
+    def check(self) -> None:
+        """Refuse, on every rank alike, a policy no checkpoint can hold (FSDP1; ZeRO-3 without its engine).
+
+        Raises:
+            ConfigError: as ``CheckpointManager.save`` would on the main process alone (the other ranks would
+                then wait for it in their next collective).
+        """
+        from loopguard.checkpoint._manager import refuse_unsaveable
+
+        refuse_unsaveable(self.model)
+
     @property
     def sharded(self) -> bool:
         """Whether the policy is sharded (FSDP2's DTensors, a DeepSpeed engine): every rank saves it."""
@@ -174,6 +185,7 @@ class RollbackStore:
         """
         if step % self.every:
             return
+        parts.check()
         pending, self.pending = self.pending, None
         if pending is not None and main and (self.guard is None or self.guard.confirms(pending)):
             self.manager.mark_good(pending)
@@ -194,6 +206,7 @@ class RollbackStore:
         watched, so it needs no confirmation window: it is the rollback target of a flaw that pays from the
         first step. Skipped when the store already holds a step-0 checkpoint.
         """
+        parts.check()
         if not (main or parts.sharded) or 0 in self.manager.steps():
             return
         self._write(0, parts, extra_state)

@@ -89,7 +89,7 @@ from loopguard.checkpoint._state import (
 )
 from loopguard.exceptions import ConfigError, LoopguardTypeError
 
-__all__ = ["FORMAT_VERSION", "CheckpointManager", "RestoredCheckpoint", "steps_to_keep"]
+__all__ = ["FORMAT_VERSION", "CheckpointManager", "RestoredCheckpoint", "refuse_unsaveable", "steps_to_keep"]
 
 FORMAT = "loopguard-checkpoint"
 FORMAT_VERSION = 1
@@ -477,7 +477,7 @@ class CheckpointManager:
             return self._save_sharded(
                 engine, step, model, optimizer, scheduler, ref_model, rollout_buffer, rng, extra_sharded
             )
-        _refuse_unsaveable(model)
+        refuse_unsaveable(model)
         model_state = capture_module("model", model)
         ref_state = None
         if ref_model is not None:
@@ -653,7 +653,7 @@ class CheckpointManager:
         if engine is not None:
             parts = _Live(model, optimizer, scheduler, ref_model, rng)
             return self._restore_sharded(engine, step, before_step, wanted, parts, discard_newer)
-        _refuse_unsaveable(model)
+        refuse_unsaveable(model)
         if self._in_memory:
             return self._restore_memory(step, before_step, wanted, load, discard_newer)
         return self._restore_disk(step, before_step, wanted, load, discard_newer)
@@ -1548,7 +1548,7 @@ _ENGINE_NAMES = {
 }
 
 
-def _refuse_unsaveable(model: object) -> None:
+def refuse_unsaveable(model: object) -> None:
     """Refuse what one process cannot save: ZeRO-3 partitions without their engine, FSDP1 wrappers.
 
     FSDP1 keeps its parameters and optimizer state flattened and sharded per rank.

@@ -128,8 +128,9 @@ def main():
         from loopguard import ConfigError, Guard
         from loopguard.adapters.loop import LoopGuard
 
-        try:  # FSDP1: flattened, sharded optimizer state that one process cannot save
-            manager.save(10, FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu")))
+        try:  # FSDP1: flattened, sharded optimizer state that one process cannot save; refused on every rank
+            wrapped = FullyShardedDataParallel(torch.nn.Linear(4, 4), device_id=torch.device("cpu"))
+            LoopGuard(Guard(), checkpoint=manager, checkpoint_every=2).save_start(wrapped)
             fsdp1 = None
         except ConfigError as refused:
             fsdp1 = str(refused)
