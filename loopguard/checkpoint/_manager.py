@@ -1551,8 +1551,11 @@ _ENGINE_NAMES = {
 def refuse_unsaveable(model: object) -> None:
     """Refuse what one process cannot save: ZeRO-3 partitions without their engine, FSDP1 wrappers.
 
-    FSDP1 keeps its parameters and optimizer state flattened and sharded per rank.
+    FSDP1 keeps its parameters and optimizer state flattened and sharded per rank. A DeepSpeed engine (whose
+    partitions it saves itself) and a DTensor model are saved by their own engines.
     """
+    if _sharded.engine_of(model) is not None:
+        return
     if _sharded.fsdp1_wrapped(model):
         msg = (
             "`model` is wrapped in FSDP1 (FullyShardedDataParallel), whose optimizer state is flattened and "
