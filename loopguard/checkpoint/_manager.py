@@ -521,20 +521,29 @@ class CheckpointManager:
             del self._memory[step]
             self._memory_good.discard(step)
 
+    def _start_save(self, root_fd: int, step: int) -> tuple[str, list[int]]:
+        """Under the store's lock: clear dead saves, check that ``step`` is new, name its temporary folder.
+
+        Returns:
+            The temporary folder's name (not created yet) and the steps saved so far.
+        """
+        self._cleanup(root_fd)
+        steps = self._scan(root_fd)
+        self._require_newer(step, steps)
+        final = _step_name(step)
+        if entry_kind(final, root_fd) is not None:
+            msg = (
+                f"`step` {step} cannot be saved: {os.path.join(self._disk_root(), final)} exists but is not "
+                "a complete checkpoint (no manifest.json); move it out of the store."
+            )
+            raise ConfigError(msg)
+        return f".tmp-{final}-{random_suffix()}", steps
+
     def _save_disk(self, snapshot: Snapshot) -> Path:
         root = self._disk_root()
         final = _step_name(snapshot.step)
         with self._open() as root_fd, locked(root_fd, root):
-            self._cleanup(root_fd)
-            steps = self._scan(root_fd)
-            self._require_newer(snapshot.step, steps)
-            if entry_kind(final, root_fd) is not None:
-                msg = (
-                    f"`step` {snapshot.step} cannot be saved: {os.path.join(root, final)} exists but is not "
-                    "a complete checkpoint (no manifest.json); move it out of the store."
-                )
-                raise ConfigError(msg)
-            temp = f".tmp-{final}-{random_suffix()}"
+            temp, steps = self._start_save(root_fd, snapshot.step)
             temp_path = os.path.join(root, temp)
             try:
                 os.mkdir(temp, 0o755, dir_fd=root_fd)
@@ -557,15 +566,18 @@ class CheckpointManager:
                     )
                     raise disk_error(error, root, outcome) from error
                 raise
-            try:
-                self._prune(root_fd, [*steps, snapshot.step])
-            except (OSError, CheckpointError) as error:  # the new checkpoint is complete: say so, go on
-                warnings.warn(
-                    f"saved {os.path.join(root, final)}, but pruning older checkpoints failed: {error}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+            self._prune_saved(root_fd, [*steps, snapshot.step], final)
         return Path(root) / final
+
+    def _prune_saved(self, root_fd: int, steps: list[int], final: str) -> None:
+        """Prune after the save of ``final``; a failure warns (the new checkpoint is complete: go on)."""
+        try:
+            self._prune(root_fd, steps)
+        except (OSError, CheckpointError) as error:
+            where = os.path.join(self._disk_root(), final)
+            warnings.warn(
+                f"saved {where}, but pruning older checkpoints failed: {error}", RuntimeWarning, stacklevel=4
+            )
 
     # ------------------------------------------------------------------------------------ restore
 
@@ -778,16 +790,7 @@ class CheckpointManager:
             if ranks.main:
                 try:
                     stack.enter_context(locked(root_fd, root))
-                    self._cleanup(root_fd)
-                    steps = self._scan(root_fd)
-                    self._require_newer(step, steps)
-                    if entry_kind(final, root_fd) is not None:
-                        msg = (
-                            f"`step` {step} cannot be saved: {os.path.join(root, final)} exists but is not "
-                            "a complete checkpoint (no manifest.json); move it out of the store."
-                        )
-                        raise ConfigError(msg)
-                    temp = f".tmp-{final}-{random_suffix()}"
+                    temp, _ = self._start_save(root_fd, step)
                     os.mkdir(temp, 0o755, dir_fd=root_fd)
                 except BaseException as error:
                     failure = error
@@ -858,14 +861,7 @@ class CheckpointManager:
                     raise disk_error(error, root, outcome) from error
                 raise
             if ranks.main:
-                try:
-                    self._prune(root_fd, [*self._scan(root_fd)])
-                except (OSError, CheckpointError) as error:  # the new checkpoint is complete: say so, go on
-                    warnings.warn(
-                        f"saved {os.path.join(root, final)}, but pruning older checkpoints failed: {error}",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
+                self._prune_saved(root_fd, self._scan(root_fd), final)
         return Path(root) / final
 
     @staticmethod
