@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from loopguard._validation import MAX_NGRAM_N, check_choice, check_int, check_real
 from loopguard.exceptions import ConfigError
-from loopguard.signals._sequences import TokenBatch, as_token_batch
+from loopguard.signals._sequences import TokenBatch, as_token_batch, token_range
 
 __all__ = ["EchoVerdict", "classify_echo", "distinct_n", "ngram_repetition_rate"]
 
@@ -99,12 +99,14 @@ def _ngram_keys(tokens: NDArray[np.int64], base: int, starts: NDArray[np.int64],
 
 def _packed_keys(
     tokens: NDArray[np.int64], base: int, offsets: NDArray[np.int64], n: int, shift: int
-) -> NDArray[np.int64]:
-    """``(n-gram key << shift) | row`` for every n-gram inside a row, built from contiguous slices.
+) -> tuple[NDArray[np.int64], int]:
+    """``(n-gram key << shift) | row`` at every position, and how many positions hold no n-gram.
 
     Every position ``p`` of the flat tokens starts the n-gram ``tokens[p:p + n]`` (key ``sum tokens[p + j] *
-    base^(n-1-j)``); those that run past the end of their row (the last ``n - 1`` positions of each row, the
-    whole of a row shorter than ``n``) are dropped. The caller checks that ``(base^n - 1) << shift`` fits.
+    base^(n-1-j)``). Those that run past the end of their row (the last ``n - 1`` positions of each row, the
+    whole of a row shorter than ``n``) get distinct negative keys instead of being cut out, which would copy
+    the array: they sort first, and the caller skips them. The caller checks that ``(base^n - 1) << shift``
+    fits.
     """
     count = len(tokens) - n + 1
     key: NDArray[np.int64] = tokens[:count].copy()
@@ -112,15 +114,15 @@ def _packed_keys(
         key *= base
         key += tokens[j : j + count]
     key <<= shift
-    key |= np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))[:count]
-    keep = np.ones(count, dtype=bool)
-    for back in range(1, n):  # an n-gram starting this close to its row's end leaves the row
-        ends = offsets[1:] - back
-        keep[ends[(ends >= 0) & (ends < count)]] = False
+    rows = len(offsets) - 1
+    row_type = np.int16 if rows <= np.iinfo(np.int16).max + 1 else np.int32 if rows <= 1 << 31 else np.int64
+    key |= np.repeat(np.arange(rows, dtype=row_type), np.diff(offsets))[:count]
     if n == 1:
-        return key
-    kept: NDArray[np.int64] = key[keep]
-    return kept
+        return key, 0
+    ends = (offsets[1:, np.newaxis] - np.arange(1, n, dtype=np.int64)).ravel()
+    outside = np.unique(ends[(ends >= 0) & (ends < count)])  # an n-gram starting here leaves its row
+    key[outside] = -1 - np.arange(len(outside), dtype=np.int64)
+    return key, len(outside)
 
 
 def _count_distinct_sorted(key: NDArray[np.int64]) -> NDArray[np.int64]:
@@ -168,15 +170,16 @@ def _count_ngrams(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray
     if not total.any():
         return distinct, total, 0
 
-    tokens, base = batch.tokens, int(batch.tokens.max()) + 1
+    tokens, base = batch.tokens, token_range(batch)[1] + 1
     if base**n - 1 > _INT64_MAX:  # relabelling the ids may spare compressing the keys
         tokens, base = _relabel(tokens)
 
     rows = batch.n_rows
     shift = max(rows - 1, 1).bit_length()  # the row joins each key in its low bits
     if (base**n - 1) << shift <= _INT64_MAX:  # one sort of (n-gram, row) keys for both views
-        key = _packed_keys(tokens, base, batch.offsets, n, shift)
-        key.sort()
+        packed, outside = _packed_keys(tokens, base, batch.offsets, n, shift)
+        packed.sort()
+        key = packed[outside:]  # the n-grams that lie inside a row, in order
         repeats = key[1:][key[1:] == key[:-1]]  # a (n-gram, row) seen before: a repeat within its row
         distinct += total - np.bincount(repeats & ((1 << shift) - 1), minlength=rows)
         key >>= shift  # the n-grams alone, still in order

@@ -88,11 +88,12 @@ class TokenBatch:
         if marks.dtype.kind not in "biu":
             msg = f"`{name} mask` must be boolean or 0/1 integers, got dtype {marks.dtype}."
             raise LoopguardTypeError(msg)
-        keep = marks if marks.dtype == np.bool_ else marks != 0
-        if marks.dtype != np.bool_ and marks.size and (int(marks.max()) > 1 or int(marks.min()) < 0):
+        # read as unsigned, a mask of 0s and 1s has its maximum at most 1 (a -1 reads as the type's maximum)
+        if marks.dtype != np.bool_ and marks.size and int(marks.view(marks.dtype.str.replace("i", "u")).max()) > 1:
             low, high = int(marks.min()), int(marks.max())
             msg = f"`{name} mask` must hold only 0 and 1, got values in [{low}, {high}]."
             raise InputError(msg)
+        keep = marks.view(np.bool_) if marks.dtype.itemsize == 1 else marks.astype(np.bool_)
         if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
             msg = f"`{name}` must hold token ids that fit in int64, got {int(array.max())}."
             raise InputError(msg)
@@ -133,6 +134,21 @@ class TokenBatch:
     def row_ids(self) -> NDArray[np.int64]:
         """Row index of every token, aligned with :attr:`tokens`."""
         return np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths)
+
+
+def token_range(batch: TokenBatch) -> tuple[int, int]:
+    """The smallest and largest token id of a non-empty batch, scanned once for a frozen batch.
+
+    Validation needs the minimum (no negative ids) and the n-gram kernels the maximum (the key base); a
+    batch that several kernels share would otherwise be scanned by each of them.
+    """
+    cached = batch._cache.get("token_range")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    found = (int(batch.tokens.min()), int(batch.tokens.max()))
+    if batch.frozen():
+        batch._cache["token_range"] = found
+    return found
 
 
 def _owned(tokens: NDArray[np.int64], offsets: NDArray[np.int64]) -> TokenBatch:
@@ -295,7 +311,7 @@ def as_token_batch(
             f"got {int(lengths[row]):,} in row {row}."
         )
         raise InputError(msg)
-    if batch.tokens.size and int(batch.tokens.min()) < 0:
+    if batch.tokens.size and token_range(batch)[0] < 0:
         position = int(np.argmax(batch.tokens < 0))
         row = int(np.searchsorted(batch.offsets, position, side="right") - 1)
         msg = (

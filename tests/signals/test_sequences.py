@@ -114,13 +114,13 @@ def test_large_ids_survive_empty_rows_exactly():
 @given(
     rows=st.lists(st.lists(st.integers(0, 50_000), max_size=9), min_size=1, max_size=6),
     left=st.booleans(),
-    as_bool=st.booleans(),
+    mask_type=st.sampled_from([np.bool_, np.int8, np.uint8, np.int32, np.int64]),
     pad=st.integers(-100, 50_000),
 )
-def test_a_padded_batch_and_its_mask_give_the_rows(rows, left, as_bool, pad):
+def test_a_padded_batch_and_its_mask_give_the_rows(rows, left, mask_type, pad):
     width = max(len(row) for row in rows) + 1
     ids = np.full((len(rows), width), pad, dtype=np.int64)
-    mask = np.zeros((len(rows), width), dtype=bool if as_bool else np.int64)
+    mask = np.zeros((len(rows), width), dtype=mask_type)
     for i, row in enumerate(rows):
         start = width - len(row) if left else 0
         ids[i, start : start + len(row)] = row
@@ -166,3 +166,11 @@ def test_a_padded_batch_and_its_mask_give_the_rows(rows, left, as_bool, pad):
 def test_a_padded_batch_is_validated(ids, mask, error, message):
     with pytest.raises(error, match=re.escape(message)):
         TokenBatch.from_padded(np.asarray(ids), np.asarray(mask))
+
+
+@pytest.mark.parametrize("mask_type", [np.int8, np.int16, np.int32, np.int64])
+@pytest.mark.parametrize("bad", [-1, 2, -128])
+def test_a_signed_mask_outside_0_and_1_is_refused(mask_type, bad):
+    mask = np.array([[1, bad, 0]], dtype=mask_type)
+    with pytest.raises(InputError, match=re.escape(f"must hold only 0 and 1, got values in [{min(bad, 0)}, ")):
+        TokenBatch.from_padded(np.array([[5, 6, 7]]), mask)
