@@ -11,7 +11,11 @@ Sources, chosen once per run by :func:`choose_source`:
   that feed one optimizer step (``steps_per_generation x num_iterations < gradient_accumulation_steps``):
   the step's batch covers all of them. The proxy reward is TRL's weighted sum of the reward functions'
   *unshaped* outputs (a :func:`~loopguard.shape_reward` wrapper logs those as the ``"<name>/unshaped"``
-  column).
+  column). The token ids are the trainer's own padded ``completion_ids`` and ``completion_mask``, taken
+  where ``_generate_and_score_completions`` returns them (:class:`IdCapture`): TRL shuffles the rows before
+  it buffers them, and they hold only this process's rows, while the logs are gathered in generation order.
+  Under several processes the capture gathers the ids the same way (one padded all-gather per generation
+  batch), so every rank observes the same batch. No text is re-tokenized.
 * :class:`TapSource` -- reward functions wrapped with :func:`loopguard.tap` (online DPO, custom trainers):
   every call recorded since the last step forms the batch.
 * :class:`MetricSource` -- trainers without rollouts. DPO: the implicit reward margins logged per
@@ -36,15 +40,20 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
+import numpy as np
+from numpy.typing import NDArray
 
 from loopguard._reward_fn import real_or_none
+from loopguard._validation import to_numpy
 from loopguard.adapters._tap import TappedReward, TapRecord, completion_text, is_tapped, prompt_text
 from loopguard.exceptions import LoopguardError
+from loopguard.signals import TokenBatch
 
 
 class SourceError(LoopguardError, RuntimeError):
@@ -54,6 +63,7 @@ class SourceError(LoopguardError, RuntimeError):
 __all__ = [
     "Batch",
     "GenerationSource",
+    "IdCapture",
     "MetricCursor",
     "MetricSource",
     "Source",
@@ -88,7 +98,8 @@ class Batch:
             Unscorable completions (every reward function returned None) are left out of every field.
         functions: Each reward function's (unshaped) output per completion, by the trainer's function name.
         completions: Completion texts, or None.
-        completion_ids: Completion token ids (from the caller, or the trainer's tokenizer), or None.
+        completion_ids: Completion token ids, or None: the trainer's padded ids as a ``TokenBatch`` (GRPO /
+            RLOO), the ids a tapped call was given, or the texts encoded by the trainer's tokenizer.
         prompts: Prompt texts, or None.
         group_size: Completions per prompt when they are laid out group-contiguous, else None.
         group_sizes: The members of each consecutive prompt group when unscorable completions left groups
@@ -106,7 +117,7 @@ class Batch:
     rewards: tuple[float, ...]
     functions: Mapping[str, tuple[float | None, ...]] = attrs.field(factory=dict)
     completions: tuple[str, ...] | None = None
-    completion_ids: tuple[tuple[int, ...], ...] | None = None
+    completion_ids: TokenBatch | tuple[tuple[int, ...], ...] | None = None
     prompts: tuple[str, ...] | None = None
     group_size: int | None = None
     group_sizes: tuple[int, ...] | None = None
@@ -174,6 +185,142 @@ def tokenize(processing_class: Any, texts: Sequence[str]) -> tuple[tuple[int, ..
     return tuple(tuple(map(int, row)) for row in ids)
 
 
+@attrs.frozen
+class Padded:
+    """One generation batch's completion ids as the trainer padded them (numpy, on the host).
+
+    Attributes:
+        ids: ``[B, L]`` token ids; what lies under a False mask entry is padding and is never read.
+        mask: ``[B, L]`` booleans, True where ``ids`` holds a completion token.
+    """
+
+    ids: NDArray[np.integer[Any]]
+    mask: NDArray[np.bool_]
+
+    @property
+    def rows(self) -> int:
+        """Number of completions."""
+        return int(self.ids.shape[0])
+
+    def take(self, rows: Sequence[int]) -> Padded:
+        """The given rows, in order (no copy when that is every row)."""
+        if len(rows) == self.rows and list(rows) == list(range(self.rows)):
+            return self
+        index = np.asarray(rows, dtype=np.intp)
+        return Padded(self.ids[index], self.mask[index])
+
+    @staticmethod
+    def join(parts: Sequence[Padded]) -> Padded:
+        """The parts' rows one after the other, padded to the widest part."""
+        if len(parts) == 1:
+            return parts[0]
+        width = max(part.ids.shape[1] for part in parts)
+        rows = sum(part.rows for part in parts)
+        ids = np.zeros((rows, width), dtype=np.int64)
+        mask = np.zeros((rows, width), dtype=np.bool_)
+        start = 0
+        for part in parts:
+            ids[start : start + part.rows, : part.ids.shape[1]] = part.ids
+            mask[start : start + part.rows, : part.mask.shape[1]] = part.mask
+            start += part.rows
+        return Padded(ids, mask)
+
+
+_CAPTURE_ATTRIBUTE = "_loopguard_id_capture"
+
+
+class IdCapture:
+    """The padded completion ids of each generation batch, as a GRPO / RLOO generation step returns them.
+
+    TRL's ``_generate_and_score_completions`` returns this process's ``completion_ids`` and
+    ``completion_mask`` in generation order; TRL then shuffles the rows into ``_buffered_inputs``, so the
+    buffer cannot be lined up with the gathered rewards and texts in ``_logs``. :meth:`install` wraps that
+    method on the trainer instance (once per trainer, shared by every loopguard callback) and keeps what it
+    returns:
+
+    * several processes: the ids and mask are padded to the widest process and all-gathered (Accelerate's
+      ``pad_across_processes`` and ``gather``, called on every rank inside the generation step, where TRL
+      gathers its own texts and rewards), so each rank holds the batch in the order of ``_logs``;
+    * ``mask_truncated_completions``: TRL zeroes the whole mask of a truncated completion. Such a row ends
+      in a token that is neither EOS nor padding, so its tokens are restored as everything up to its last
+      non-pad id: length and repetition signals see the truncated completions (the long ones a length hack
+      makes) instead of empty rows.
+
+    A failure to read them is kept in :attr:`error` and reported by the source (the texts are then encoded
+    with the trainer's tokenizer, and the batch says so); it never breaks the trainer's step.
+    """
+
+    def __init__(self, trainer: Any) -> None:
+        """Capture for ``trainer``; use :meth:`install`."""
+        self.trainer = trainer
+        self.latest: Padded | None = None
+        self.error: str | None = None
+        self.generations = 0
+
+    @classmethod
+    def install(cls, trainer: Any) -> IdCapture | None:
+        """The trainer's capture, installed on first use; None when it has no generation step to wrap."""
+        existing = getattr(trainer, _CAPTURE_ATTRIBUTE, None)
+        if isinstance(existing, IdCapture):
+            return existing
+        generate = getattr(trainer, "_generate_and_score_completions", None)
+        if not callable(generate):
+            return None
+        capture = cls(trainer)
+
+        @functools.wraps(generate)
+        def generate_and_capture(*args: Any, **kwargs: Any) -> Any:
+            output = generate(*args, **kwargs)
+            capture.record(output)
+            return output
+
+        trainer._generate_and_score_completions = generate_and_capture
+        setattr(trainer, _CAPTURE_ATTRIBUTE, capture)
+        return capture
+
+    def record(self, output: object) -> None:
+        """Keep the padded ids and mask of one generation step's ``output`` (see the class docs)."""
+        self.generations += 1
+        self.latest, self.error = None, None
+        ids = output.get("completion_ids") if isinstance(output, Mapping) else None
+        mask = output.get("completion_mask") if isinstance(output, Mapping) else None
+        if getattr(ids, "ndim", None) != 2 or getattr(mask, "shape", None) != getattr(ids, "shape", ()):
+            self.error = "the generation step returned no 2-D completion_ids and completion_mask of one shape"
+            return
+        try:
+            pad = self._pad_id()
+            accelerator = getattr(self.trainer, "accelerator", None)
+            if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
+                ids = accelerator.gather(accelerator.pad_across_processes(ids, dim=1, pad_index=pad or 0))
+                mask = accelerator.gather(accelerator.pad_across_processes(mask, dim=1, pad_index=0))
+            host_ids = to_numpy("completion_ids", ids)
+            host_mask = to_numpy("completion_mask", mask) != 0
+            if getattr(self.trainer, "mask_truncated_completions", False):
+                _restore_truncated(host_ids, host_mask, pad)
+            self.latest = Padded(host_ids, host_mask)
+        except Exception as error:  # reported by the source on every batch; never raised into TRL's step
+            self.error = f"{type(error).__name__}: {error}"
+
+    def _pad_id(self) -> int | None:
+        processing = getattr(self.trainer, "processing_class", None)
+        pad = getattr(getattr(processing, "tokenizer", processing), "pad_token_id", None)
+        return pad if isinstance(pad, int) and not isinstance(pad, bool) else None
+
+
+def _restore_truncated(ids: NDArray[np.integer[Any]], mask: NDArray[np.bool_], pad: int | None) -> None:
+    """Give the rows whose mask TRL zeroed (truncated completions) their tokens back, in place."""
+    empty = np.flatnonzero(~mask.any(axis=1))
+    if not empty.size:
+        return
+    if pad is None:
+        msg = "the trainer masks truncated completions, and without a pad_token_id their ends are unknown"
+        raise SourceError(msg)
+    real = ids[empty] != pad
+    width = ids.shape[1]
+    ends = np.where(real.any(axis=1), width - np.argmax(real[:, ::-1], axis=1), 0)
+    mask[empty] = np.arange(width)[np.newaxis, :] < ends[:, np.newaxis]
+
+
 def _generation_marker(buffer: Any) -> Any:
     """A small object that identifies one generation batch (held, so its id is never reused)."""
     first = buffer[0] if isinstance(buffer, (list, tuple)) and buffer else None
@@ -207,10 +354,11 @@ class _Part:
 
     completions: tuple[str, ...]
     prompts: tuple[str, ...] | None
-    completion_ids: tuple[tuple[int, ...], ...] | None
+    completion_ids: Padded | tuple[tuple[int, ...], ...] | None
     columns: Mapping[str, tuple[float | None, ...]]
     weights: tuple[float, ...]
     group_size: int | None
+    notes: tuple[str, ...] = ()
 
 
 def _proxy(part: _Part) -> list[float | None]:
@@ -228,7 +376,8 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
     rewards: list[float] = []
     completions: list[str] = []
     prompts: list[str] | None = [] if all(part.prompts is not None for part in parts) else None
-    ids: list[tuple[int, ...]] | None = [] if all(p.completion_ids is not None for p in parts) else None
+    padded: list[Padded] | None = [] if all(isinstance(p.completion_ids, Padded) for p in parts) else None
+    ids: list[tuple[int, ...]] | None = [] if all(type(p.completion_ids) is tuple for p in parts) else None
     columns: dict[str, list[float | None]] = {name: [] for name in names}
     sizes: list[int] = []
     uniform = parts[0].group_size if all(p.group_size == parts[0].group_size for p in parts) else None
@@ -241,7 +390,9 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
         completions.extend(part.completions[index] for index in keep)
         if prompts is not None and part.prompts is not None:
             prompts.extend(part.prompts[index] for index in keep)
-        if ids is not None and part.completion_ids is not None:
+        if padded is not None and isinstance(part.completion_ids, Padded):
+            padded.append(part.completion_ids.take(keep))
+        if ids is not None and isinstance(part.completion_ids, tuple):
             ids.extend(part.completion_ids[index] for index in keep)
         for name in names:
             columns[name].extend(part.columns[name][index] for index in keep)
@@ -259,15 +410,20 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
             "returned None for each of them), so there is nothing to observe"
         )
         raise SourceError(msg)
-    notes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = tuple(dict.fromkeys(note for part in parts for note in part.notes))
     if dropped:
-        notes = (
+        notes += (
             f"{dropped} unscorable completion(s) left out (every reward function returned None; TRL leaves "
             "them out of its baselines and reward statistics too)",
         )
     group_size = uniform if uniform is not None and not dropped else None
     group_sizes = tuple(sizes) if uniform is not None and dropped and sizes else None
-    token_ids = tuple(ids) if ids is not None else tokenize(tokenizer, completions)
+    token_ids: TokenBatch | tuple[tuple[int, ...], ...] | None
+    if padded is not None:
+        joined = Padded.join(padded)
+        token_ids = TokenBatch.from_padded(joined.ids, joined.mask, name="completion_ids")
+    else:
+        token_ids = tuple(ids) if ids is not None else tokenize(tokenizer, completions)
     return Batch(
         step=step,
         rewards=tuple(rewards),
@@ -301,6 +457,8 @@ class GenerationSource:
         self._marker: Any = None
         self._pending: list[_Part] = []
         self._metrics = MetricCursor(lambda: getattr(trainer, "_metrics", {}).get("train"))
+        self._ids = IdCapture.install(trainer)
+        self._read_generations = 0
 
     @staticmethod
     def supports(trainer: Any) -> bool:
@@ -355,14 +513,36 @@ class GenerationSource:
                 msg = f"reward function {name!r} logged {count} reward(s) for {size} completion(s)"
                 raise SourceError(msg)
             columns[name] = tuple(_finite(value) for value in values)
+        ids, notes = self._captured_ids(size)
         return _Part(
             completions=completions,
             prompts=prompts,
-            completion_ids=None,
+            completion_ids=ids,
             columns=columns,
             weights=tuple(_weights(self.trainer, len(names))),
             group_size=_group_size(getattr(self.trainer, "num_generations", None), size),
+            notes=notes,
         )
+
+    def _captured_ids(self, size: int) -> tuple[Padded | None, tuple[str, ...]]:
+        """The trainer's padded ids of the batch just read, or None and why (then the texts are encoded)."""
+        capture = self._ids
+        if capture is None:
+            return None, (
+                "token ids encoded from the texts: the trainer has no generation step to read ids from",
+            )
+        fresh = capture.generations > self._read_generations
+        self._read_generations = capture.generations
+        if capture.latest is not None and fresh and capture.latest.rows == size:
+            return capture.latest, ()
+        if capture.error is not None:
+            why = capture.error
+        elif not fresh:
+            why = "no generation step ran since the last batch"
+        else:
+            rows = capture.latest.rows if capture.latest is not None else 0
+            why = f"the generation step returned {rows} rows of ids for {size} logged completions"
+        return None, (f"token ids encoded from the texts: the trainer's own ids could not be read ({why})",)
 
     def poll(self, step: int) -> Batch | None:
         """Every generation batch read since the last poll, as one batch; None when there was none."""

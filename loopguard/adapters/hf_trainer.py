@@ -1325,7 +1325,7 @@ def _echo_observation(batch: Batch) -> Observation:
         batch.step,
         list(batch.rewards),
         completions=list(batch.completions or ()),
-        completion_ids=None if batch.completion_ids is None else [list(row) for row in batch.completion_ids],
+        completion_ids=batch.completion_ids,
     )
 
 

@@ -136,7 +136,9 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
     assert (logging.INFO, f"loopguard: warm-up done, judging from step {judged}: OK.") in lines.records
     first_alarm = next(r for r in records if r["verdict"] != "OK" and r["step"] >= judged)
     prefix = f"loopguard: step {first_alarm['step']}: OK -> {first_alarm['verdict']} (vote "
-    assert any(level == logging.WARNING and m.startswith(prefix) for level, m in lines.records), lines.messages
+    assert any(level == logging.WARNING and m.startswith(prefix) for level, m in lines.records), (
+        lines.messages
+    )
     raised = next(m for m in lines.messages if m.startswith(f"loopguard: step {first_raise}: "))
     assert raised.endswith(f"raised beta 0.05 -> {raise_record['beta_after']:.3g}")
     raises = sum(r["action"] == "raise_beta" for r in records)
@@ -147,7 +149,9 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
     assert spy.probes[3] == "loopguard warming up beta=0.05"
     level, summary = lines.records[-1]
     assert level == logging.WARNING  # the run reached HACK
-    assert summary.startswith(f"loopguard summary:\nMitigation log (run {mitigator.run_id}): 60 steps observed")
+    assert summary.startswith(
+        f"loopguard summary:\nMitigation log (run {mitigator.run_id}): 60 steps observed"
+    )
     assert f"HACK first at step {first_hack}" in summary
     assert logging.getLogger("loopguard").level == logging.NOTSET  # no logger configuration was changed
 
@@ -159,7 +163,10 @@ def test_add_callback_kl_control_raises_beta_after_the_trip_and_relaxes_after_it
     board.Reload()
     assert sorted({e.step for e in board.Scalars("train/loopguard/beta")}) == list(range(5, 61, 5))
     assert max(e.value for e in board.Scalars("train/loopguard/verdict")) == 2.0
-    statuses = {e.step: e.tensor_proto.string_val[0].decode() for e in board.Tensors("train/loopguard/status/text_summary")}
+    statuses = {
+        e.step: e.tensor_proto.string_val[0].decode()
+        for e in board.Tensors("train/loopguard/status/text_summary")
+    }
     assert any("-> HACK" in text for text in statuses.values()), statuses
     assert f"step {judged}: warm-up done, OK" in statuses[5 * math.ceil(judged / 5)]
     assert max(len(text) for text in statuses.values()) <= 100  # transformers prints no longer string
@@ -169,7 +176,12 @@ def test_log_only_never_changes_beta_and_log_level_error_silences_it(model_dir, 
     mitigator = RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=6), alerts=False)
     tracker = Tracker()
     trainer = grpo_trainer(
-        model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=30, log_level="error",
+        model_dir,
+        tokenizer,
+        tmp_path,
+        [make_echo_reward(10)],
+        max_steps=30,
+        log_level="error",
         callbacks=[tracker],
     )
     spy = Spy()
@@ -254,10 +266,37 @@ def test_the_guard_scores_the_unshaped_reward(model_dir, tokenizer, tmp_path):
     trainer.train()
     shaped_means = [sum(values) / len(values) for values in [list(trainer._logs["rewards"]["proxy"])]]
     records = _records(tmp_path)
-    for record in records:
-        # the unshaped reward is the word count (= token count with this tokenizer): its mean is the mean length
-        assert record["reward_mean"] == pytest.approx(record["length_mean"])
+    logged = [entry for entry in trainer.state.log_history if "proxy/unshaped_mean" in entry]
+    assert len(records) == len(logged) == 4
+    for record, entry in zip(records, logged, strict=True):
+        # the Guard scores the unshaped word count the shaping wrapper logged, not the shaped reward...
+        assert record["reward_mean"] == pytest.approx(entry["proxy/unshaped_mean"])
+        # ...and measures lengths on the trainer's own token ids (EOS included), as TRL's length metric does
+        assert record["length_mean"] == pytest.approx(entry["completions/mean_length"])
     assert shaped_means[0] < records[-1]["reward_mean"]  # what TRL trained on was lower: the penalty
+
+
+def test_the_guard_reads_the_trainers_own_token_ids_truncated_completions_included(
+    model_dir, tokenizer, tmp_path
+):
+    # TRL zeroes the whole mask of a truncated completion when asked to; the Guard still counts its tokens
+    trainer = grpo_trainer(
+        model_dir,
+        tokenizer,
+        tmp_path,
+        [make_echo_reward(10**9)],
+        max_steps=3,
+        mask_truncated_completions=True,
+    )
+    trainer.add_callback(RewardHackMitigator(guard=Guard(mode="log_only", warmup_steps=3)))
+    trainer.train()
+    records = _records(tmp_path)
+    logged = [entry for entry in trainer.state.log_history if "completions/mean_length" in entry]
+    assert len(records) == len(logged) == 3
+    assert any(entry["completions/clipped_ratio"] > 0 for entry in logged)  # some rows were truncated
+    for record, entry in zip(records, logged, strict=True):
+        assert record["length_mean"] == pytest.approx(entry["completions/mean_length"])
+        assert not any("encoded from the texts" in note for note in record.get("batch_notes", []))
 
 
 def test_bind_and_trainer_argument(model_dir, tokenizer, tmp_path):
@@ -440,18 +479,26 @@ def test_the_one_liner_prices_the_echo_penalises_it_and_rolls_back_with_a_re_anc
     rolled = next(r for r in records if r["action"] == "rollback")
     hack_alerts = [a for a in tracker.alerts if a[0] == f"loopguard: HACK at step {first_hack['step']}"]
     assert hack_alerts == [(hack_alerts[0][0], first_hack["explanation"], "warn-level")]
-    assert (f"loopguard: rollback at step {rolled['step']}", rolled["explanation"], "warn-level") in tracker.alerts
+    assert (
+        f"loopguard: rollback at step {rolled['step']}",
+        rolled["explanation"],
+        "warn-level",
+    ) in tracker.alerts
     shaped = next(r for r in records if "Targeted penalty on the trained reward" in r["explanation"])
     penalty = mitigator.guard.penalty
     assert penalty is not None
     assert shaped["step"] < 15  # after shape_patience hacking steps, long before the rollback
     for record in records:
         if record["step"] > shaped["step"]:
-            trained.append(record["reward_mean"] - spy.probes[record["step"]])  # the Guard reads the raw reward
+            trained.append(
+                record["reward_mean"] - spy.probes[record["step"]]
+            )  # the Guard reads the raw reward
     assert min(trained) >= -1e-6  # the penalty only ever lowers the trained reward
     assert max(trained) > 0.5  # and while the echo lasts, by a lot
     rollback = next(r for r in records if r["action"] == "rollback")
-    assert rollback["extra"]["adapter"]["rolled_back_to"] == 0  # the starting policy: the flaw paid from step 0
+    assert (
+        rollback["extra"]["adapter"]["rolled_back_to"] == 0
+    )  # the starting policy: the flaw paid from step 0
     assert rollback["extra"]["adapter"]["reanchored"] is True
     assert "The restored policy becomes the KL reference." in rollback["explanation"]
 
@@ -467,5 +514,10 @@ def test_the_guard_scores_the_unshaped_reward_when_the_ladder_wraps_a_shaped_one
     trainer.add_callback(RewardHackMitigator(guard=Guard(ladder=EscalationLadder(), warmup_steps=3)))
     trainer.train()
     assert getattr(trainer.reward_funcs[0], "__loopguard_penalised__", False)
-    for record in _records(tmp_path):  # the raw reward is the word count: its mean is the mean length
-        assert record["reward_mean"] == pytest.approx(record["length_mean"])
+    logged = [
+        entry["proxy/unshaped_mean"] for entry in trainer.state.log_history if "proxy/unshaped_mean" in entry
+    ]
+    records = _records(tmp_path)
+    assert len(records) == len(logged) == 3
+    for record, unshaped in zip(records, logged, strict=True):  # the raw word count, not the penalised reward
+        assert record["reward_mean"] == pytest.approx(unshaped)

@@ -153,7 +153,7 @@ def test_resume_keeps_the_identity_and_sets_the_abandoned_timeline_apart(model_d
 
     checkpoints = RLCheckpointCallback(save_every_steps=2)
     first = grpo_trainer(
-        model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=20, save_strategy="steps", save_steps=10
+        model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=20, save_strategy="steps", save_steps=10
     )
     original = mitigator()
     first.add_callback(checkpoints)
@@ -164,7 +164,7 @@ def test_resume_keeps_the_identity_and_sets_the_abandoned_timeline_apart(model_d
     assert abandoned_saves  # the first timeline saved rollback checkpoints after step 10
     resumed_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
-    resumed = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(6)], max_steps=20)
+    resumed = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(10)], max_steps=20)
     again = mitigator()
     checkpoints_again = RLCheckpointCallback(save_every_steps=2)
     resumed.add_callback(checkpoints_again)

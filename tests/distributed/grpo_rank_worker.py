@@ -4,6 +4,8 @@ Only rank 1's *local* data carries the hack: from step ``HACK_FROM`` its tapped 
 ``"x x x x x x x x"`` completions (a rank-local tap, as on a real multi-GPU run where one rank's slice
 holds the hacked samples). Rank 0's tap sees healthy text. The mitigator must take the same action with the
 same beta on both ranks at every step, and its rollback must leave both ranks with the checkpoint's weights.
+The trainer's padded completion ids, as :class:`IdCapture` reads them inside the generation step, are
+gathered from both ranks: each rank records what it holds after every step.
 
 Usage: ``python -m torch.distributed.run --standalone --nproc_per_node 2 grpo_rank_worker.py OUT [nosync]``;
 ``nosync`` disables the rank synchronisation (to show that the test catches its absence); each rank then
@@ -38,8 +40,10 @@ class Recorder:
     def __init__(self, mitigator):
         self.mitigator = mitigator
         self.trainer = None
+        self.capture = None
         self.steps = {}
         self.after_rollback = {}
+        self.ids = {}
 
     def on_step_end(self, args, state, control, **kwargs):
         decision = self.mitigator.last_decision
@@ -50,6 +54,14 @@ class Recorder:
         }
         if self.mitigator.rollbacks and self.mitigator.rollbacks[-1]["step"] == step:
             self.after_rollback[step] = digest(self.trainer.model)
+        latest = self.capture.latest
+        if latest is not None:  # the generation step's ids, gathered over both ranks, in the logs' order
+            rows = latest.ids[latest.mask != 0]
+            self.ids[step] = {
+                "rows": int(latest.ids.shape[0]),
+                "tokens": int(latest.mask.sum()),
+                "digest": hashlib.sha256(rows.astype("int64").tobytes()).hexdigest(),
+            }
 
 
 def main():
@@ -63,6 +75,7 @@ def main():
 
     from loopguard import EscalationLadder, Guard, RewardHackMitigator, tap
     from loopguard.adapters._distributed import RankSync
+    from loopguard.adapters._observe import IdCapture
     from loopguard.checkpoint import CheckpointManager
 
     out, nosync = sys.argv[1], len(sys.argv) > 2 and sys.argv[2] == "nosync"
@@ -122,8 +135,16 @@ def main():
         beta=0.01,
     )
     recorder.trainer = trainer
+    recorder.capture = IdCapture.install(trainer)
     trainer.train()
+    lengths = {
+        str(entry["step"]): entry["completions/mean_length"]
+        for entry in trainer.state.log_history
+        if "completions/mean_length" in entry
+    }
     result = {
+        "ids": recorder.ids,
+        "trl_mean_length": lengths,
         "steps": recorder.steps,
         "rollbacks": mitigator.rollbacks,
         "after_rollback": recorder.after_rollback,

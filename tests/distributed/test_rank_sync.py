@@ -50,6 +50,14 @@ def test_grpo_ranks_take_one_decision(tmp_path):
     # and a 2-part broadcast per observed step, plus the rollback's 2 barriers and its success check: the same
     # count on both ranks
     assert results[0]["collectives"] == results[1]["collectives"] == 2 + 8 * 4 + 3
+    # the generation step's padded ids are all-gathered: both ranks hold all 16 rows, the same ones, and
+    # their token count matches TRL's own gathered completion-length metric at every step
+    zero, one = results
+    assert zero["ids"] == one["ids"]
+    assert sorted(zero["ids"], key=int) == [str(step) for step in range(1, 9)]
+    for step, read in zero["ids"].items():
+        assert read["rows"] == 16  # 8 completions per rank, 2 ranks
+        assert read["tokens"] / read["rows"] == pytest.approx(zero["trl_mean_length"][step])
 
 
 def test_without_the_reduction_the_ranks_diverge(tmp_path):

@@ -1,0 +1,71 @@
+"""The trainer's padded completion ids as the GRPO / RLOO source reads them (hand-built values).
+
+End-to-end reads through real TRL trainers are in test_grpo.py (one process, truncated completions masked)
+and tests/distributed/test_rank_sync.py (two processes, ids all-gathered).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loopguard.adapters._observe import IdCapture, Padded, SourceError, _restore_truncated
+from loopguard.signals import TokenBatch
+
+
+def _rows(padded: Padded) -> list[list[int]]:
+    return [row[mask].tolist() for row, mask in zip(padded.ids, padded.mask, strict=True)]
+
+
+def test_rows_are_taken_in_order_and_parts_joined_at_the_widest():
+    first = Padded(
+        np.array([[1, 2, 0], [3, 0, 0], [4, 5, 6]]), np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], bool)
+    )
+    second = Padded(np.array([[7, 8, 9, 9, 0]]), np.array([[1, 1, 1, 1, 0]], bool))
+    assert first.take([0, 1, 2]) is first  # every row: no copy
+    assert _rows(first.take([2, 0])) == [[4, 5, 6], [1, 2]]
+    joined = Padded.join([first.take([0, 2]), second])
+    assert joined.ids.shape == (3, 5)
+    assert _rows(joined) == [[1, 2], [4, 5, 6], [7, 8, 9, 9]]
+    batch = TokenBatch.from_padded(joined.ids, joined.mask)
+    assert batch.tokens.tolist() == [1, 2, 4, 5, 6, 7, 8, 9, 9]
+
+
+def test_truncated_rows_get_their_tokens_back_up_to_the_last_non_pad_id():
+    pad = 0
+    ids = np.array([[5, 0, 6, 7], [8, 9, 0, 0], [4, 4, 0, 0], [0, 0, 0, 0]])
+    # row 0: truncated at full width (a pad id inside it stays); row 1: truncated at 2 of 4 (padded by
+    # another process's wider rows); row 2: ended (its mask untouched); row 3: nothing but padding
+    mask = np.array([[0, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]], bool)
+    _restore_truncated(ids, mask, pad)
+    assert mask.sum(axis=1).tolist() == [4, 2, 3, 0]
+    with pytest.raises(SourceError, match="without a pad_token_id their ends are unknown"):
+        _restore_truncated(ids, np.zeros_like(mask), None)
+
+
+class _Trainer:
+    processing_class = None
+    mask_truncated_completions = False
+
+    def _generate_and_score_completions(self, inputs):
+        return inputs
+
+
+def test_the_capture_is_installed_once_and_reports_what_it_cannot_read():
+    trainer = _Trainer()
+    capture = IdCapture.install(trainer)
+    assert capture is not None
+    assert IdCapture.install(trainer) is capture
+    ids, mask = np.array([[3, 4, 0]]), np.array([[1, 1, 0]])
+    output = {"completion_ids": ids, "completion_mask": mask}
+    assert trainer._generate_and_score_completions(output) is output  # the trainer's result, untouched
+    assert capture.generations == 1
+    assert capture.error is None
+    assert capture.latest is not None
+    assert _rows(capture.latest) == [[3, 4]]
+    trainer._generate_and_score_completions({"completion_ids": ids})  # no mask: nothing read, and why
+    assert capture.latest is None
+    assert (
+        capture.error == "the generation step returned no 2-D completion_ids and completion_mask of one shape"
+    )
+    assert IdCapture.install(object()) is None  # nothing to wrap
