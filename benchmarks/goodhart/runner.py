@@ -228,6 +228,9 @@ def run_one(
         started = time.perf_counter()
         trainer.train()
         train_seconds = time.perf_counter() - started
+        capture = getattr(trainer, "_loopguard_id_capture", None)  # reads the ids inside generation steps
+        if capture is not None:
+            loopguard_seconds.append(capture.seconds)
         trained = len(series["gold"])
         held = 0
         if trained < steps:  # stopped by loopguard: the final (restored) policy holds for the rest

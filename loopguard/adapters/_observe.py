@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -256,6 +257,7 @@ class IdCapture:
         self.latest: Padded | None = None
         self.error: str | None = None
         self.generations = 0
+        self.seconds = 0.0  # spent reading (and gathering) the ids, inside the trainer's generation steps
 
     @classmethod
     def install(cls, trainer: Any) -> IdCapture | None:
@@ -271,7 +273,9 @@ class IdCapture:
         @functools.wraps(generate)
         def generate_and_capture(*args: Any, **kwargs: Any) -> Any:
             output = generate(*args, **kwargs)
+            started = time.perf_counter()
             capture.record(output)
+            capture.seconds += time.perf_counter() - started
             return output
 
         trainer._generate_and_score_completions = generate_and_capture

@@ -89,7 +89,8 @@ class TokenBatch:
             msg = f"`{name} mask` must be boolean or 0/1 integers, got dtype {marks.dtype}."
             raise LoopguardTypeError(msg)
         # read as unsigned, a mask of 0s and 1s has its maximum at most 1 (a -1 reads as the type's maximum)
-        if marks.dtype != np.bool_ and marks.size and int(marks.view(marks.dtype.str.replace("i", "u")).max()) > 1:
+        unsigned = marks.dtype.str.replace("i", "u")
+        if marks.dtype != np.bool_ and marks.size and int(marks.view(unsigned).max()) > 1:
             low, high = int(marks.min()), int(marks.max())
             msg = f"`{name} mask` must hold only 0 and 1, got values in [{low}, {high}]."
             raise InputError(msg)
