@@ -551,6 +551,7 @@ class MitigationRecord:
         observation: Observation | None = None,
         guard: Guard | None = None,
         run: str | None = None,
+        adapter: Mapping[str, Any] | None = None,
     ) -> MitigationRecord:
         """Build the record of one Guard step from its decision (and the observation, for batch statistics).
 
@@ -558,7 +559,9 @@ class MitigationRecord:
         ``"<signal>.<statistic>"``; ``extra`` holds the controller's and ladder's components, the notes and
         the errors of the step, and, when ``guard`` (the Guard that decided) is given, its ``warn_level``,
         ``hack_level`` and ``warmup_steps``, so that a reader such as ``loopguard report`` draws the right
-        bands. ``run`` is the identity of the run the decision belongs to.
+        bands. ``run`` is the identity of the run the decision belongs to; ``adapter``, what the adapter that
+        stepped the Guard adds (its source, the beta it wrote, a rollback's outcome), goes to
+        ``extra["adapter"]``.
 
         Example:
             >>> from loopguard import Guard, Observation
@@ -591,6 +594,8 @@ class MitigationRecord:
             extra.update(
                 warn_level=guard.warn_level, hack_level=guard.hack_level, warmup_steps=guard.warmup_steps
             )
+        if adapter is not None:
+            extra["adapter"] = dict(adapter)
         return cls(
             step=decision.step,
             mode=mode,

@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import functools
+import importlib
 import logging
 import shutil
 import tempfile
@@ -46,6 +47,11 @@ from benchmarks.goodhart.scenarios import MAX_TOKENS, SCENARIOS, Reward, Scenari
 from loopguard import EscalationLadder, Guard, RewardHackMitigator, read_mitigation_log
 from loopguard.control import AdaptiveKL
 from loopguard.detectors import RMEnsemble
+
+# Imported before any run: the mitigator imports it at train start, and where Python may not cache bytecode
+# (PYTHONDONTWRITEBYTECODE, as on the machine these results come from) that import compiles the package
+# every run, about 60-100 ms that a normal install pays once; it is not loopguard's time per step.
+importlib.import_module("loopguard.checkpoint")
 
 START_BETA = 0.001
 ENSEMBLE = ("rm_a", "rm_b", "rm_c", "rm_d")  # the watched reward models (rm_a is the flawed proxy)

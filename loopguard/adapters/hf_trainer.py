@@ -65,8 +65,6 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, cast
 
-import attrs
-
 from loopguard._run import check_run_id
 from loopguard._saved_state import (
     as_state_error,
@@ -1019,9 +1017,14 @@ class RewardHackMitigator(_Observer):
         self._since_log["action"] = _worse(self._since_log.get("action"), ACTION_CODES[decision.action])
         if self._log is not None:
             record = MitigationRecord.from_decision(
-                decision, mode=self.guard.mode, observation=observation, guard=self.guard, run=self.run_id
+                decision,
+                mode=self.guard.mode,
+                observation=observation,
+                guard=self.guard,
+                run=self.run_id,
+                adapter=extra,
             )
-            self._log.append(attrs.evolve(record, extra={**dict(record.extra or {}), "adapter": extra}))
+            self._log.append(record)
 
     def _announce(self, decision: Decision) -> None:
         """Status lines (warm-up done, a verdict change), the progress bar's postfix, trackers' alerts."""

@@ -84,13 +84,33 @@ def tensor_problem(tensor: object) -> str | None:
     return None
 
 
+def _plain_json(value: object, depth: int) -> bool:
+    """Whether ``value`` is plainly valid for :func:`check_json` (exact types only; no paths built)."""
+    if value is None or type(value) is str or type(value) is int or type(value) is bool:
+        return True
+    if type(value) is float:
+        return math.isfinite(value)
+    if depth >= MAX_DEPTH:
+        return False
+    if type(value) is list:
+        return all(_plain_json(item, depth + 1) for item in value)
+    if type(value) is dict:
+        return all(type(key) is str and _plain_json(item, depth + 1) for key, item in value.items())
+    return False
+
+
 def check_json(name: str, value: object, depth: int = 0) -> None:
     """Check that ``value`` is JSON made of dict/list/str/int/finite float/bool/None (tuples rejected).
+
+    A state of plain types is accepted in one pass that builds no paths (the mitigator's state is checked
+    at every checkpoint); anything else is walked again with paths, so that an error names where it is.
 
     Raises:
         LoopguardTypeError: a value of another type; the message names its path.
         ConfigError: a NaN or infinite float, or nesting deeper than 64 levels.
     """
+    if depth == 0 and _plain_json(value, 0):
+        return
     if depth > MAX_DEPTH:
         msg = f"`{name}` must be nested at most {MAX_DEPTH} levels deep."
         raise ConfigError(msg)
