@@ -7,6 +7,9 @@ The arms (:data:`ARMS`):
   ``mode="adaptive_kl"``: no hack signals, beta steered toward a KL target), from beta 0.001;
 * ``lg_no_reference`` -- the ``lg_log_only`` Guard with the reference sample off (``reference_steps=0``,
   so without ``takeover``): what a user loses by turning it off;
+* ``lg_no_reanchor`` -- ``lg_kl_control`` with re-anchoring off (``EscalationLadder(reanchor=False)``): a
+  rollback restores the policy and leaves the KL reference at the initial model (the ablation of the
+  ladder's ``reanchor`` default);
 * ``lg_log_only`` / ``lg_kl_control`` / ``lg_pid_rollback`` -- ``RewardHackMitigator`` in ``log_only``,
   ``kl_control`` and ``pid_lagrangian`` mode (the last two with the rollback ladder), from beta 0.001, with
   the *same* signals and settings in every scenario (:func:`loopguard_mitigator`).
@@ -63,6 +66,7 @@ ARMS: tuple[str, ...] = (
     "lg_kl_control",
     "lg_pid_rollback",
     "lg_no_reference",
+    "lg_no_reanchor",
     "lg_default",
 )
 UNGUARDED = "fixed-0.001"
@@ -70,6 +74,7 @@ LOOPGUARD_ARMS = ("lg_log_only", "lg_kl_control", "lg_pid_rollback", "lg_default
 ONE_LINER = "lg_default"  # the bare RewardHackMitigator(): nothing configured
 # the log-only Guard with the reference sample off: what turning it off loses
 NO_REFERENCE = "lg_no_reference"
+NO_REANCHOR = "lg_no_reanchor"  # lg_kl_control with re-anchoring off: the ablation of that ladder default
 _LOOPGUARD_MODES = {
     "lg_log_only": "log_only",
     "lg_kl_control": "kl_control",
@@ -84,12 +89,12 @@ BATCH = 16  # completions per step: 2 prompts x 8 generations
 LEARNING_RATE = 3e-3
 
 
-def loopguard_mitigator(mode: str, *, reference: bool = True) -> RewardHackMitigator:
+def loopguard_mitigator(mode: str, *, reference: bool = True, reanchor: bool = True) -> RewardHackMitigator:
     """The one loopguard configuration used in every scenario (only the mode differs between arms).
 
     ``reference=False`` (log-only) turns the reference sample off, and with it ``takeover``, which needs it.
     The arms that act use the default escalation ladder and the mitigator's own rollback store (in memory
-    for these tiny policies).
+    for these tiny policies); ``reanchor=False`` turns the ladder's re-anchoring off.
     """
     signals: list[Any] = ["repetition", "diversity", "length", "collapse", "drift"]
     signals += [RMEnsemble(members=ENSEMBLE), "takeover"] if reference else [RMEnsemble(members=ENSEMBLE)]
@@ -97,7 +102,7 @@ def loopguard_mitigator(mode: str, *, reference: bool = True) -> RewardHackMitig
         return RewardHackMitigator(
             guard=Guard(signals, mode="log_only", reference_steps=3 if reference else 0)
         )
-    return RewardHackMitigator(guard=Guard(signals, mode=mode, ladder=EscalationLadder()))
+    return RewardHackMitigator(guard=Guard(signals, mode=mode, ladder=EscalationLadder(reanchor=reanchor)))
 
 
 class _Recorder(TrainerCallback):
@@ -225,6 +230,8 @@ def run_one(
             mitigator = RewardHackMitigator()
         elif arm in LOOPGUARD_ARMS:
             mitigator = loopguard_mitigator(_LOOPGUARD_MODES[arm])
+        elif arm == NO_REANCHOR:
+            mitigator = loopguard_mitigator("kl_control", reanchor=False)
         elif arm == NO_REFERENCE:
             mitigator = loopguard_mitigator("log_only", reference=False)
         if mitigator is not None:
