@@ -7,6 +7,11 @@
   reads those: the Guard keeps seeing the raw reward.
 * :func:`reanchor` copies the policy's weights into the KL reference model after a rollback (the escalation
   ladder's ``reanchor``), so a raised beta holds the policy near the restored good policy.
+* :func:`prepare_reference_adapter` and :func:`reanchor_adapter` do the same for a PEFT LoRA policy of TRL's
+  GRPO / RLOO, whose reference is not a model but the base with adapters disabled, or the adapter named
+  ``"ref"`` when the policy has one (TRL's own rule). At train start the policy gets a ``"ref"`` adapter
+  equal to that reference (``lora_B`` zero: the base model, exactly); a rollback copies the restored adapter
+  into it.
 * :func:`default_manager` picks the rollback store that ``RewardHackMitigator()`` makes for itself: in
   memory when one process trains a model whose checkpoints fit :data:`IN_MEMORY_LIMIT`, else on disk beside
   the run.
@@ -15,7 +20,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from loopguard._reward_fn import reward_name, wrap_reward
 
@@ -28,7 +33,10 @@ __all__ = [
     "checkpoint_bytes",
     "default_manager",
     "penalise_rewards",
+    "prepare_reference_adapter",
     "reanchor",
+    "reanchor_adapter",
+    "remove_reference_adapter",
 ]
 
 logger = logging.getLogger("loopguard")
@@ -40,6 +48,11 @@ KEEP_LAST = 3
 """Rollback checkpoints kept by the store the mitigator makes for itself."""
 
 _ATTRIBUTE = "__loopguard_penalised__"
+
+REFERENCE_ADAPTER = "ref"
+"""The adapter that TRL's GRPOTrainer and RLOOTrainer (1.0 on) read a PEFT policy's KL reference from."""
+
+_ADAPTER_REFERENCE_TRAINERS = ("GRPOTrainer", "RLOOTrainer")
 
 
 def checkpoint_bytes(model: Any) -> int:
@@ -175,4 +188,108 @@ def reanchor(model: Any, ref_model: Any, unwrap: Any = None) -> bool:
         for key, tensor in target.items():
             value = source[key].full_tensor() if gather else source[key]  # all ranks gather, in key order
             tensor.copy_(value.to(device=tensor.device, dtype=tensor.dtype))
+    return True
+
+
+def _adapter_policy(trainer: Any) -> tuple[Any, str] | None:
+    """The PEFT LoRA policy of a TRL GRPO / RLOO trainer and its active adapter; None for anything else."""
+    if not any(
+        cls.__name__ in _ADAPTER_REFERENCE_TRAINERS and cls.__module__.startswith("trl.")
+        for cls in type(trainer).__mro__
+    ):
+        return None
+    from loopguard.checkpoint._sharded import is_deepspeed, is_sharded
+    from loopguard.checkpoint._state import peft_module
+
+    accelerator = getattr(trainer, "accelerator", None)
+    model = trainer.model
+    policy = accelerator.unwrap_model(model) if accelerator is not None else model
+    peft = peft_module(policy)
+    if peft is None or is_deepspeed(model) or is_sharded(policy):
+        return None
+    active = policy.active_adapter
+    if not isinstance(active, str) or active == REFERENCE_ADAPTER:
+        return None
+    if not isinstance(policy.peft_config.get(active), peft.LoraConfig):
+        return None
+    return policy, active
+
+
+def _adapter_parameters(policy: Any, adapter: str) -> dict[str, Any]:
+    marker = f".{adapter}."
+    return {name: parameter for name, parameter in policy.named_parameters() if marker in name}
+
+
+def prepare_reference_adapter(trainer: Any) -> Literal["added", "present"] | None:
+    """Give a LoRA policy of TRL's GRPO / RLOO the ``"ref"`` adapter its KL reference will be read from.
+
+    TRL computes a PEFT policy's reference log-probabilities with the adapter named ``"ref"`` when the policy
+    has one (TRL made it as a copy of a pretrained adapter), else with every adapter disabled (the base
+    model). Without ``"ref"``, this adds one to the policy now, at train start, before any checkpoint is
+    saved: a frozen copy of the active adapter's configuration (initialised the standard way, so that no
+    initialisation that rewrites the base weights runs) with every ``lora_B`` tensor zero, so the reference
+    is still the base model, exactly. A rollback then re-anchors by copying the restored adapter into it
+    (:func:`reanchor_adapter`). It costs one more adapter's memory and its forward in the reference pass.
+
+    Returns:
+        ``"added"`` when this made the ``"ref"`` adapter (:func:`remove_reference_adapter` takes it away at
+        the end of training), ``"present"`` when TRL had made it; None for a trainer other than GRPO / RLOO,
+        a policy that is not a PEFT LoRA model, or one under DeepSpeed / FSDP.
+    """
+    found = _adapter_policy(trainer)
+    if found is None:
+        return None
+    policy, active = found
+    if REFERENCE_ADAPTER in policy.peft_config:
+        return "present"
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(policy.peft_config[active])
+    config.init_lora_weights = True  # standard init (B = 0): PiSSA, OLoRA or LoftQ would rewrite the base
+    policy.add_adapter(REFERENCE_ADAPTER, config)
+    policy.set_adapter(active)  # add_adapter leaves it active; kept explicit across PEFT releases
+    with torch.no_grad():
+        for name, parameter in _adapter_parameters(policy, REFERENCE_ADAPTER).items():
+            parameter.requires_grad_(False)
+            if "lora_B" in name or "lora_embedding_B" in name:
+                parameter.zero_()
+    return "added"
+
+
+def remove_reference_adapter(trainer: Any) -> bool:
+    """Delete the ``"ref"`` adapter that :func:`prepare_reference_adapter` added; False without one.
+
+    Called at the end of training, so that the policy a user saves holds their own adapters only.
+    """
+    found = _adapter_policy(trainer)
+    if found is None or REFERENCE_ADAPTER not in found[0].peft_config:
+        return False
+    found[0].delete_adapter(REFERENCE_ADAPTER)
+    return True
+
+
+def reanchor_adapter(trainer: Any) -> bool:
+    """Copy the policy's active (restored) adapter into its ``"ref"`` adapter, in place; False without one."""
+    found = _adapter_policy(trainer)
+    if found is None or REFERENCE_ADAPTER not in found[0].peft_config:
+        return False
+    import torch
+
+    policy, active = found
+    source = _adapter_parameters(policy, active)
+    target = _adapter_parameters(policy, REFERENCE_ADAPTER)
+    renamed = {
+        name.replace(f".{active}.", f".{REFERENCE_ADAPTER}."): tensor for name, tensor in source.items()
+    }
+    if set(renamed) != set(target):
+        msg = (
+            f"the policy's adapters {active!r} and {REFERENCE_ADAPTER!r} do not hold the same tensors "
+            f"({len(source)} and {len(target)}): the reference adapter cannot take the restored policy"
+        )
+        raise RuntimeError(msg)
+    with torch.no_grad():
+        for name, tensor in renamed.items():
+            target[name].copy_(tensor)
     return True

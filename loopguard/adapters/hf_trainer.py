@@ -85,7 +85,14 @@ from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, mov
 from loopguard.adapters._console import Console, alert, takes_text
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
 from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
-from loopguard.adapters._respond import default_manager, penalise_rewards, reanchor
+from loopguard.adapters._respond import (
+    default_manager,
+    penalise_rewards,
+    prepare_reference_adapter,
+    reanchor,
+    reanchor_adapter,
+    remove_reference_adapter,
+)
 from loopguard.adapters._rollback import Parts, RollbackStore, open_manager, require_shared, synced_reference
 from loopguard.adapters._run_scope import Run, default_store_dir, resolve_run, write_run_file
 from loopguard.adapters._tap import TappedReward, is_tapped
@@ -633,6 +640,8 @@ class RewardHackMitigator(_Observer):
         self._own_store = False
         self._penalised: str | None = None
         self._ref_model: Any = None
+        self._ref_adapter = False  # a PEFT policy's "ref" adapter stands for the reference model
+        self._ref_adapter_added = False  # ...and this callback added it (removed at the end of training)
         self._members: tuple[str, ...] | None = None
         self._log: MitigationLog | None = None
         self.rollbacks: list[dict[str, int]] = []
@@ -750,6 +759,7 @@ class RewardHackMitigator(_Observer):
             self._warn_no_vote(trainer)
         run = resolve_run(trainer, args, state, self._resume_from, self._sync)
         self._run, self.run_id = run, run.id
+        self._setup_reference(trainer)  # before the store saves step 0: a "ref" adapter is part of the policy
         self._setup_store(trainer, args, state, run)
         self._setup_response(trainer, args, state)
         self._log = None
@@ -906,14 +916,31 @@ class RewardHackMitigator(_Observer):
                     "to (a reward model, or rewards from a tap): the ladder's targeted rung cannot act "
                     "(EscalationLadder(targeted=False) silences this).",
                 )
-        self._ref_model = getattr(trainer, "ref_model", None)
-        if ladder is not None and ladder.reanchor and ladder.max_rollbacks and self._ref_model is None:
+        if self._reanchors() and self._ref_model is None and not self._ref_adapter:
             self._warn_once(
                 "reanchor",
-                f"loopguard: {type(trainer).__name__} has no separate reference model (a PEFT policy uses "
-                "its disabled adapter as the reference): after a rollback the KL reference stays the initial "
+                f"loopguard: {type(trainer).__name__} has no separate reference model, and its reference "
+                "cannot be moved either (re-anchoring a PEFT policy needs a LoRA adapter under TRL's GRPO "
+                "or RLOO, without DeepSpeed or FSDP): after a rollback the KL reference stays the initial "
                 "model, not the restored policy (EscalationLadder(reanchor=False) silences this).",
             )
+
+    def _reanchors(self) -> bool:
+        ladder = self.guard.ladder
+        return (
+            ladder is not None
+            and ladder.reanchor
+            and ladder.max_rollbacks > 0
+            and self.guard.mode != "log_only"
+        )
+
+    def _setup_reference(self, trainer: Any) -> None:
+        """What a rollback re-anchors: TRL's ``ref_model``, or a PEFT LoRA policy's ``"ref"`` adapter."""
+        self._ref_model = getattr(trainer, "ref_model", None)
+        adapter = None
+        if self._reanchors() and self._ref_model is None:
+            adapter = prepare_reference_adapter(trainer)
+        self._ref_adapter, self._ref_adapter_added = adapter is not None, adapter == "added"
 
     def _resume(self, args: TrainingArguments, state: TrainerState) -> None:
         if state.global_step <= 0:
@@ -1057,7 +1084,14 @@ class RewardHackMitigator(_Observer):
                 self._failed("alert", error, int(decision.step))
 
     def _end(self, args: TrainingArguments, state: TrainerState) -> None:
-        """The end-of-run summary: the run's mitigation log in plain English (``loopguard report``)."""
+        """The end-of-run summary: the run's mitigation log in plain English (``loopguard report``).
+
+        On every rank first: the ``"ref"`` adapter this callback added to a PEFT policy is deleted, so the
+        model the user saves holds their adapters only.
+        """
+        if self._ref_adapter_added:
+            self._ref_adapter = self._ref_adapter_added = False
+            remove_reference_adapter(self._trainer)
         if self._log is None or self.last_decision is None:
             return
         from loopguard.log import read_mitigation_log
@@ -1100,7 +1134,10 @@ class RewardHackMitigator(_Observer):
         if decision.reanchor:
             try:
                 unwrap = getattr(getattr(self._trainer, "accelerator", None), "unwrap_model", None)
-                out["reanchored"] = reanchor(self._trainer.model, self._ref_model, unwrap)
+                if self._ref_adapter:
+                    out["reanchored"] = reanchor_adapter(self._trainer)
+                else:
+                    out["reanchored"] = reanchor(self._trainer.model, self._ref_model, unwrap)
             except Exception as error:  # the failure policy (module docs): loud every time
                 self._failed("reanchor", error, int(decision.step))
                 out["reanchor_error"] = f"{type(error).__name__}: {error}"

@@ -9,6 +9,8 @@ import json
 import logging
 import math
 import re
+import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -28,6 +30,7 @@ from loopguard import (
 )
 from loopguard.adapters._console import progress_bar
 from loopguard.checkpoint import CheckpointManager
+from loopguard.detectors import RMEnsemble
 
 
 def _records(output_dir):
@@ -521,3 +524,104 @@ def test_the_guard_scores_the_unshaped_reward_when_the_ladder_wraps_a_shaped_one
     assert len(records) == len(logged) == 3
     for record, unshaped in zip(records, logged, strict=True):  # the raw word count, not the penalised reward
         assert record["reward_mean"] == pytest.approx(unshaped)
+
+
+class _ReferenceProbe(TrainerCallback):
+    """Added after the mitigator: TRL's PEFT reference (the "ref" adapter) against the base model and the
+    policy's adapter, at train start and after every rollback."""
+
+    def __init__(self, mitigator):
+        self.mitigator, self.trainer = mitigator, None
+        self.start = None
+        self.after_rollback = []
+
+    def _logits(self, adapter):
+        from trl.trainer.utils import use_adapter
+
+        model = self.trainer.model
+        ids = torch.tensor([[3, 4, 5, 6, 7]])
+        training = model.training
+        model.eval()  # no dropout: two forwards of the same weights give the same logits
+        try:
+            with torch.no_grad(), use_adapter(model, adapter):
+                return model(input_ids=ids).logits
+        finally:
+            model.train(training)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        model = self.trainer.model
+        self.start = {
+            "adapters": list(model.peft_config),
+            "reference_is_base": torch.equal(self._logits("ref"), self._logits(None)),
+            "ref_trainable": any(p.requires_grad for n, p in model.named_parameters() if ".ref." in n),
+        }
+
+    def on_step_end(self, args, state, control, **kwargs):
+        rollbacks = self.mitigator.rollbacks
+        if rollbacks and rollbacks[-1]["step"] == state.global_step:
+            params = dict(self.trainer.model.named_parameters())
+            pairs = [
+                (p, params[n.replace(".default.", ".ref.")]) for n, p in params.items() if ".default." in n
+            ]
+            self.after_rollback.append(
+                {
+                    "ref_equals_policy_adapter": all(torch.equal(a, b) for a, b in pairs),
+                    "reference_is_policy": torch.equal(self._logits("ref"), self._logits("default")),
+                    "reference_is_base": torch.equal(self._logits("ref"), self._logits(None)),
+                }
+            )
+
+
+def test_a_lora_policys_rollback_re_anchors_trls_reference_adapter(model_dir, tokenizer, tmp_path):
+    """TRL reads a PEFT policy's reference from its "ref" adapter when it has one, else from the base model.
+    The mitigator adds a "ref" adapter equal to the base at train start and copies the restored adapter
+    into it at a rollback: the reference becomes the restored policy, as TRL's ref_model does for a full one.
+    (The hack is the proxy parting from a second reward model from step 6, so the rollback does not wait
+    for a LoRA policy to learn an echo.)"""
+    peft = pytest.importorskip("peft")
+    from adapter_helpers import fresh_model, gold, grpo_config, prompts_dataset
+    from trl import GRPOTrainer
+
+    def judge(completions, **kwargs):
+        return gold(completions)
+
+    def proxy(completions, trainer_state=None, **kwargs):
+        step = 0 if trainer_state is None else trainer_state.global_step
+        scores = gold(completions)
+        if step < 6:
+            return scores
+        return [
+            score + 2.0 * (zlib.crc32(text.encode()) % 7) / 7.0
+            for score, text in zip(scores, completions, strict=True)
+        ]
+
+    lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(
+        model=fresh_model(model_dir),
+        reward_funcs=[proxy, judge],
+        args=grpo_config(tmp_path, max_steps=14, beta=0.01, learning_rate=0.1, reward_weights=[1.0, 0.0]),
+        train_dataset=prompts_dataset(),
+        processing_class=tokenizer,
+        peft_config=lora,
+    )
+    ladder = EscalationLadder(rollback_patience=2, max_rollbacks=1, cooldown_steps=50, stop_patience=50)
+    guard = Guard([RMEnsemble(members=("proxy", "judge"))], mode="kl_control", ladder=ladder, warmup_steps=3)
+    mitigator = RewardHackMitigator(guard=guard, checkpoint_every=2)
+    probe = _ReferenceProbe(mitigator)
+    probe.trainer = trainer
+    trainer.add_callback(mitigator)
+    trainer.add_callback(probe)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    assert not [w for w in caught if "no separate reference model" in str(w.message)]
+    assert probe.start == {"adapters": ["default", "ref"], "reference_is_base": True, "ref_trainable": False}
+    records = _records(tmp_path)
+    (rollback,) = [r for r in records if r["action"] == "rollback"]
+    assert rollback["extra"]["adapter"]["rolled_back_to"] > 0
+    assert rollback["extra"]["adapter"]["reanchored"] is True
+    (after,) = probe.after_rollback
+    assert after["ref_equals_policy_adapter"]
+    assert after["reference_is_policy"]
+    assert not after["reference_is_base"]  # the restored adapter had trained: the reference really moved
+    assert list(trainer.model.peft_config) == ["default"]  # the adapter it added is gone when training ends
