@@ -1374,7 +1374,15 @@ class Guard:
         return self._penalty
 
     def _targets(self, reading: _Reading) -> list[Target] | None:
-        """Features the tripping signals name and the raw reward pays for, priced (see ``targeted.price``)."""
+        """Features the signals name and the raw reward pays for, priced jointly (``targeted.price``).
+
+        The signals at WARN or above name their features: ``length`` the tokens past the reference's length,
+        ``repetition`` / ``diversity`` the repetition rate. ``takeover`` names the batch's most
+        over-represented n-gram whether or not it reached its own bands: the signal that finds a hack is
+        often another one (an ensemble sees the pay at once, while ``takeover`` needs two batches to
+        confirm a spread, and the raised beta may stop the spread before the second). The F test on the
+        raw rewards still decides: the n-gram is priced only when the reward pays for it beyond noise.
+        """
         data, obs = reading.data, reading.observation
         if data is None or obs.completion_ids is None or len(obs.rewards) < 4:
             return None
@@ -1382,12 +1390,12 @@ class Guard:
         tripping = [name for name, score in reading.scores.items() if score >= self.warn_level]
         candidates: list[Target] = []
         for detector in self.detectors:
-            if detector.name not in tripping:
-                continue
             if isinstance(detector, Takeover):
                 ngram = detector.top_ngram(data, self._memories[detector.name].memory)
                 for token in sorted(set(ngram or ())):
                     candidates.append(Target(kind="tokens", token=token, rate=0.0, source=detector.name))
+            elif detector.name not in tripping:
+                continue
             elif isinstance(detector, Length):
                 threshold = self._reference_length(detector)
                 if threshold is not None:

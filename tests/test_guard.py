@@ -522,6 +522,31 @@ def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resum
     assert resumed.penalty == guard.penalty
 
 
+def test_the_token_an_ensemble_trips_on_is_priced_though_takeover_stays_below_its_bands():
+    """The proxy pays for 99, a second reward model does not: the ensemble trips while the suffix is in a
+    third of the completions, too few for takeover's own bands. Its most over-represented n-gram is still a
+    candidate, and the raw reward pays for it, so the targeted rung prices it (not the innocent 98 alone)."""
+    rng = np.random.default_rng(3)
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
+    guard = Guard([RMEnsemble(members=2), "takeover"], beta=0.01, ladder=ladder)
+    decisions = []
+    for step in range(45):
+        batch = _takeover_batch(rng, step, 0.0 if step < 25 else 0.35)
+        tokens = batch.completion_ids
+        nines = np.add.reduceat((tokens.tokens == 99).astype(float), tokens.offsets[:-1])  # rows are never empty
+        judge = list(np.asarray(batch.rewards) - 0.3 * nines)
+        observation = Observation(
+            step, batch.rewards, completion_ids=batch.completion_ids, group_size=4, kl=0.5,
+            ensemble_scores=[list(batch.rewards), judge],
+        )  # fmt: skip
+        decisions.append(guard.step(observation))
+    assert max(d.scores.get("takeover", 0.0) for d in decisions) < guard.warn_level  # takeover never warns
+    assert any(d.verdict == "HACK" for d in decisions)
+    assert guard.penalty is not None
+    assert {t.token for t in guard.penalty.targets if t.kind == "tokens"} <= {98, 99}
+    assert guard.penalty([[99, 98, 99, 98]])[0] > 0.3 * 2  # the suffix costs more than it earns
+
+
 def test_no_targeted_penalty_when_the_reward_does_not_pay_for_the_feature():
     rng = np.random.default_rng(1)
     ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
