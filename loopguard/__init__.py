@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from loopguard import signals
     from loopguard.adapters._tap import tap
     from loopguard.adapters.hf_trainer import EchoTrapCallback, RewardHackMitigator, RLCheckpointCallback
-    from loopguard.adapters.loop import Applied, LoopGuard, apply_decision
+    from loopguard.adapters.loop import Applied, LoopGuard, ReferenceAdapter, apply_decision
     from loopguard.checkpoint import CheckpointManager
     from loopguard.control import AdaptiveKL, BangBang, EscalationLadder, PIDLagrangian
     from loopguard.detectors import (
@@ -91,6 +91,7 @@ __all__ = [
     "PIDLagrangian",
     "RLCheckpointCallback",
     "RMEnsemble",
+    "ReferenceAdapter",
     "Repetition",
     "RewardDrift",
     "RewardHackMitigator",
@@ -126,6 +127,7 @@ _LAZY: dict[str, str | None] = {
     "PIDLagrangian": "loopguard.control",
     "RLCheckpointCallback": "loopguard.adapters.hf_trainer",
     "RMEnsemble": "loopguard.detectors",
+    "ReferenceAdapter": "loopguard.adapters.loop",
     "Repetition": "loopguard.detectors",
     "RewardDrift": "loopguard.detectors",
     "RewardHackMitigator": "loopguard.adapters.hf_trainer",

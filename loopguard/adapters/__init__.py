@@ -2,8 +2,8 @@
 
 * :class:`RewardHackMitigator`, :class:`EchoTrapCallback`, :class:`RLCheckpointCallback` -- Hugging Face /
   TRL ``TrainerCallback`` s (:mod:`loopguard.adapters.hf_trainer`; need the ``hf`` extra, imported lazily);
-* :class:`LoopGuard`, :func:`apply_decision`, :class:`Applied` -- hand-written PyTorch and Accelerate loops
-  (:mod:`loopguard.adapters.loop`, ``docs/loops.md``);
+* :class:`LoopGuard`, :func:`apply_decision`, :class:`Applied`, :class:`ReferenceAdapter` -- hand-written
+  PyTorch and Accelerate loops (:mod:`loopguard.adapters.loop`, ``docs/loops.md``);
 * :func:`rank_sync`, :func:`register_state`, :func:`read_state` -- Accelerate: the reductions over the
   accelerator's processes and loopguard's JSON state in ``save_state`` / ``load_state``
   (:mod:`loopguard.adapters.accelerate_hooks`);
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from loopguard.adapters.accelerate_hooks import rank_sync, read_state, register_state
     from loopguard.adapters.distributed import RankSync
     from loopguard.adapters.hf_trainer import EchoTrapCallback, RewardHackMitigator, RLCheckpointCallback
-    from loopguard.adapters.loop import Applied, LoopGuard, apply_decision
+    from loopguard.adapters.loop import Applied, LoopGuard, ReferenceAdapter, apply_decision
 
 __all__ = [
     "Applied",
@@ -38,6 +38,7 @@ __all__ = [
     "LoopGuard",
     "RLCheckpointCallback",
     "RankSync",
+    "ReferenceAdapter",
     "RewardHackMitigator",
     "TapRecord",
     "TappedReward",
@@ -54,6 +55,7 @@ _LAZY = {
     "LoopGuard": "loopguard.adapters.loop",
     "RLCheckpointCallback": "loopguard.adapters.hf_trainer",
     "RankSync": "loopguard.adapters.distributed",
+    "ReferenceAdapter": "loopguard.adapters.loop",
     "RewardHackMitigator": "loopguard.adapters.hf_trainer",
     "apply_decision": "loopguard.adapters.loop",
     "rank_sync": "loopguard.adapters.accelerate_hooks",

@@ -12,6 +12,9 @@
   ``"ref"`` when the policy has one (TRL's own rule). At train start the policy gets a ``"ref"`` adapter
   equal to that reference (``lora_B`` zero: the base model, exactly); a rollback copies the restored adapter
   into it.
+* :class:`ReferenceAdapter` is the same for a LoRA policy in a hand-written or Accelerate loop: the reference
+  adapter is added by the user's loop, computed under :meth:`ReferenceAdapter.active`, and re-anchored when
+  it is passed as ``reference=`` to :func:`~loopguard.adapters.loop.apply_decision` or ``LoopGuard.step``.
 * :func:`default_manager` picks the rollback store that ``RewardHackMitigator()`` makes for itself: in
   memory when one process trains a model whose checkpoints fit :data:`IN_MEMORY_LIMIT`, else on disk beside
   the run.
@@ -19,7 +22,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from loopguard._reward_fn import reward_name, wrap_reward
@@ -30,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "IN_MEMORY_LIMIT",
     "KEEP_LAST",
+    "ReferenceAdapter",
     "checkpoint_bytes",
     "default_manager",
     "penalise_rewards",
@@ -153,10 +159,15 @@ def penalise_rewards(trainer: Any, guard: Guard) -> str | None:
 def reanchor(model: Any, ref_model: Any, unwrap: Any = None) -> bool:
     """Copy the policy's weights into the reference model (in place); False when there is no reference.
 
+    ``ref_model`` may be a :class:`ReferenceAdapter`: its trained adapter is copied into its reference
+    adapter.
+
     ``unwrap`` (e.g. ``accelerator.unwrap_model``) strips DDP / compile wrappers from both first.
     """
     if ref_model is None:
         return False
+    if isinstance(ref_model, ReferenceAdapter):  # a LoRA policy's reference: an adapter of the policy itself
+        return ref_model.reanchor()
     import torch
 
     policy = unwrap(model) if unwrap is not None else model
@@ -220,6 +231,41 @@ def _adapter_parameters(policy: Any, adapter: str) -> dict[str, Any]:
     return {name: parameter for name, parameter in policy.named_parameters() if marker in name}
 
 
+def _add_reference(policy: Any, active: str, name: str) -> None:
+    """Add ``name`` to ``policy``: a frozen copy of ``active``'s LoRA configuration with every B zero."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(policy.peft_config[active])
+    config.init_lora_weights = True  # standard init (B = 0): PiSSA, OLoRA or LoftQ would rewrite the base
+    policy.add_adapter(name, config)
+    policy.set_adapter(active)  # add_adapter leaves it active; kept explicit across PEFT releases
+    with torch.no_grad():
+        for key, parameter in _adapter_parameters(policy, name).items():
+            parameter.requires_grad_(False)
+            if "lora_B" in key or "lora_embedding_B" in key:
+                parameter.zero_()
+
+
+def _copy_adapter(policy: Any, active: str, name: str) -> None:
+    """Copy adapter ``active``'s tensors into adapter ``name`` of ``policy``, in place."""
+    import torch
+
+    source = _adapter_parameters(policy, active)
+    target = _adapter_parameters(policy, name)
+    renamed = {key.replace(f".{active}.", f".{name}."): tensor for key, tensor in source.items()}
+    if set(renamed) != set(target) or any(target[k].shape != v.shape for k, v in renamed.items()):
+        msg = (
+            f"the policy's adapters {active!r} and {name!r} do not hold the same tensors "
+            f"({len(source)} and {len(target)}): the reference adapter cannot take the restored policy"
+        )
+        raise RuntimeError(msg)
+    with torch.no_grad():
+        for key, tensor in renamed.items():
+            target[key].copy_(tensor)
+
+
 def prepare_reference_adapter(trainer: Any) -> Literal["added", "present"] | None:
     """Give a LoRA policy of TRL's GRPO / RLOO the ``"ref"`` adapter its KL reference will be read from.
 
@@ -242,19 +288,7 @@ def prepare_reference_adapter(trainer: Any) -> Literal["added", "present"] | Non
     policy, active = found
     if REFERENCE_ADAPTER in policy.peft_config:
         return "present"
-    import copy
-
-    import torch
-
-    config = copy.deepcopy(policy.peft_config[active])
-    config.init_lora_weights = True  # standard init (B = 0): PiSSA, OLoRA or LoftQ would rewrite the base
-    policy.add_adapter(REFERENCE_ADAPTER, config)
-    policy.set_adapter(active)  # add_adapter leaves it active; kept explicit across PEFT releases
-    with torch.no_grad():
-        for name, parameter in _adapter_parameters(policy, REFERENCE_ADAPTER).items():
-            parameter.requires_grad_(False)
-            if "lora_B" in name or "lora_embedding_B" in name:
-                parameter.zero_()
+    _add_reference(policy, active, REFERENCE_ADAPTER)
     return "added"
 
 
@@ -275,21 +309,130 @@ def reanchor_adapter(trainer: Any) -> bool:
     found = _adapter_policy(trainer)
     if found is None or REFERENCE_ADAPTER not in found[0].peft_config:
         return False
-    import torch
-
-    policy, active = found
-    source = _adapter_parameters(policy, active)
-    target = _adapter_parameters(policy, REFERENCE_ADAPTER)
-    renamed = {
-        name.replace(f".{active}.", f".{REFERENCE_ADAPTER}."): tensor for name, tensor in source.items()
-    }
-    if set(renamed) != set(target):
-        msg = (
-            f"the policy's adapters {active!r} and {REFERENCE_ADAPTER!r} do not hold the same tensors "
-            f"({len(source)} and {len(target)}): the reference adapter cannot take the restored policy"
-        )
-        raise RuntimeError(msg)
-    with torch.no_grad():
-        for name, tensor in renamed.items():
-            target[name].copy_(tensor)
+    _copy_adapter(found[0], found[1], REFERENCE_ADAPTER)
     return True
+
+
+class ReferenceAdapter:
+    """The KL reference of a LoRA policy in a hand-written or Accelerate loop, as an adapter of the policy.
+
+    A LoRA policy's reference is usually the base model (``with model.disable_adapter(): ...``), which a
+    rollback cannot move: after it, a raised beta still pulls the restored policy back toward the initial
+    model. This adds a frozen adapter (``name``, default ``"ref"``) with the trained adapter's LoRA
+    configuration and every ``lora_B`` zero, so the reference is still the base model, exactly, until a
+    rollback copies the restored adapter into it (the escalation ladder's ``reanchor``, through
+    :func:`~loopguard.adapters.loop.apply_decision` / :meth:`LoopGuard.step
+    <loopguard.adapters.loop.LoopGuard.step>` with ``reference=`` this object). It costs one more adapter's
+    memory and its forward in the reference pass; no copy of the base model.
+
+    Make it before the first checkpoint (before :meth:`LoopGuard.save_start
+    <loopguard.adapters.loop.LoopGuard.save_start>`; a checkpoint holds every adapter of the policy) and, in
+    Accelerate, before ``accelerator.prepare`` (pass the PEFT model, not the DDP wrapper). Compute the
+    reference log-probabilities under :meth:`active`. :meth:`remove` deletes the adapter when training ends,
+    so the saved policy holds your adapters only. An adapter named ``name`` that the policy already has (TRL
+    makes ``"ref"`` from a pretrained adapter) is used as it is, and :meth:`remove` leaves it.
+
+    Args:
+        model: A ``peft.PeftModel`` with a LoRA adapter (DDP's ``.module`` is looked through).
+        adapter: The adapter being trained (default: the policy's active adapter).
+        name: The reference adapter's name (default ``"ref"``, the name TRL reads its reference from).
+
+    Raises:
+        LoopguardTypeError: ``model`` is not a ``peft.PeftModel``.
+        ConfigError: ``adapter`` is not a LoRA adapter of the policy, ``name`` is ``adapter``, an existing
+            ``name`` adapter does not have ``adapter``'s tensors, or the policy is sharded by DeepSpeed or
+            FSDP (re-anchor through ``reference=`` a separate reference model there).
+
+    Example:
+        >>> reference = ReferenceAdapter(policy)  # doctest: +SKIP
+        >>> with reference.active():  # doctest: +SKIP
+        ...     ref_logits = policy(input_ids).logits
+    """
+
+    def __init__(self, model: Any, *, adapter: str | None = None, name: str = REFERENCE_ADAPTER) -> None:
+        """Find the policy's trained adapter and add the frozen reference adapter beside it."""
+        from loopguard._validation import check_name, describe
+        from loopguard.checkpoint._sharded import is_deepspeed, is_sharded
+        from loopguard.checkpoint._state import peft_module
+        from loopguard.exceptions import ConfigError, LoopguardTypeError
+
+        policy = getattr(model, "module", model) if peft_module(model) is None else model
+        peft = peft_module(policy)
+        if peft is None:
+            msg = (
+                f"`model` must be a peft.PeftModel with a LoRA adapter, got {describe(model)} of type "
+                f"{type(model).__name__}; give another policy its reference as a separate model "
+                "(reference=ref_model)."
+            )
+            raise LoopguardTypeError(msg)
+        if is_deepspeed(model) or is_sharded(policy):
+            msg = (
+                "`model` is sharded by DeepSpeed or FSDP: its adapters cannot be copied in place; keep a "
+                "separate reference model and pass it as reference= instead."
+            )
+            raise ConfigError(msg)
+        self.name = check_name("name", name)
+        active = policy.active_adapter if adapter is None else check_name("adapter", adapter)
+        config = policy.peft_config.get(active) if isinstance(active, str) else None
+        if not isinstance(config, peft.LoraConfig):
+            msg = (
+                f"`adapter` must name a LoRA adapter of the policy (it has {sorted(policy.peft_config)}), "
+                f"got {active!r}."
+            )
+            raise ConfigError(msg)
+        if self.name == active:
+            msg = f"`name` must differ from the trained adapter {active!r}, got {name!r}."
+            raise ConfigError(msg)
+        self.model, self.adapter = policy, str(active)
+        self.added = self.name not in policy.peft_config
+        if self.added:
+            _add_reference(policy, self.adapter, self.name)
+            return
+        mine, theirs = _adapter_parameters(policy, self.adapter), _adapter_parameters(policy, self.name)
+        shapes = {key.replace(f".{self.adapter}.", "."): tuple(t.shape) for key, t in mine.items()}
+        if shapes != {key.replace(f".{self.name}.", "."): tuple(t.shape) for key, t in theirs.items()}:
+            msg = (
+                f"the policy's adapter {self.name!r} must hold the same tensors as {self.adapter!r} to be "
+                f"its reference, got {len(theirs)} and {len(mine)} tensors of other shapes; pass another "
+                "`name`."
+            )
+            raise ConfigError(msg)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Run the policy as its KL reference inside this block (no gradients), then switch back.
+
+        The reference adapter is active, and autograd off, inside the block; on leaving it the trained
+        adapter is active again, trainable as before, and the reference adapter frozen.
+        """
+        import torch
+
+        trainable = {key: p.requires_grad for key, p in _adapter_parameters(self.model, self.adapter).items()}
+        self.model.set_adapter(self.name)
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.set_adapter(self.adapter)
+            for parameter in _adapter_parameters(self.model, self.name).values():
+                parameter.requires_grad_(False)
+            for key, parameter in _adapter_parameters(self.model, self.adapter).items():
+                parameter.requires_grad_(trainable.get(key, parameter.requires_grad))
+
+    def reanchor(self) -> bool:
+        """Copy the trained (restored) adapter into the reference adapter, in place. Returns True."""
+        _copy_adapter(self.model, self.adapter, self.name)
+        return True
+
+    def remove(self) -> bool:
+        """Delete the reference adapter if this object added it (True), else leave it (False)."""
+        if not self.added or self.name not in self.model.peft_config:
+            return False
+        self.model.delete_adapter(self.name)
+        if self.model.active_adapter != self.adapter:
+            self.model.set_adapter(self.adapter)
+        return True
+
+    def __repr__(self) -> str:
+        """Name both adapters."""
+        return f"ReferenceAdapter(adapter={self.adapter!r}, name={self.name!r}, added={self.added})"

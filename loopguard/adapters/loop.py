@@ -33,14 +33,14 @@ import attrs
 from loopguard._saved_state import decode_rollbacks, open_versioned_state
 from loopguard._validation import check_bool, check_int
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
-from loopguard.adapters._respond import reanchor
+from loopguard.adapters._respond import ReferenceAdapter, reanchor
 from loopguard.adapters._rollback import Parts, RollbackStore, require_shared, restore_good
 from loopguard.exceptions import ConfigError
 
 if TYPE_CHECKING:
     from loopguard.guard import Decision, Guard, Observation
 
-__all__ = ["Applied", "LoopGuard", "apply_decision"]
+__all__ = ["Applied", "LoopGuard", "ReferenceAdapter", "apply_decision"]
 
 _STATE_KIND = "loopguard.LoopGuard"
 _STATE_VERSION = 2
@@ -103,7 +103,9 @@ def apply_decision(
             Newer checkpoints are discarded by rank 0 only.
         reference: The KL reference model the loop measures its KL against: on a rollback with
             ``decision.reanchor`` (the ladder's default) its weights become the restored policy's, so a
-            raised beta holds the policy near a good one. Default: ``ref_model`` (if given).
+            raised beta holds the policy near a good one. Default: ``ref_model`` (if given). For a PEFT LoRA
+            policy whose reference is the base model, a :class:`~loopguard.adapters.loop.ReferenceAdapter`
+            of the policy: the restored adapter is copied into its reference adapter.
 
     Returns:
         An :class:`Applied`; the loop stops when ``stop`` is True.
