@@ -343,10 +343,12 @@ class ReferenceAdapter:
             ``name`` adapter does not have ``adapter``'s tensors, or the policy is sharded by DeepSpeed or
             FSDP (re-anchor through ``reference=`` a separate reference model there).
 
-    Example:
-        >>> reference = ReferenceAdapter(policy)  # doctest: +SKIP
-        >>> with reference.active():  # doctest: +SKIP
-        ...     ref_logits = policy(input_ids).logits
+    Example (``policy`` a ``peft.PeftModel``; docs/loops.md has the whole loop)::
+
+        reference = ReferenceAdapter(policy)
+        with reference.active():
+            ref_logits = policy(input_ids).logits
+        loop.step(observation, model=policy, optimizer=optimizer, reference=reference)
     """
 
     def __init__(self, model: Any, *, adapter: str | None = None, name: str = REFERENCE_ADAPTER) -> None:
