@@ -248,6 +248,16 @@ def _add_reference(policy: Any, active: str, name: str) -> None:
                 parameter.zero_()
 
 
+def _same_tensors(policy: Any, first: str, second: str) -> bool:
+    """Whether adapters ``first`` and ``second`` of ``policy`` hold tensors of the same names and shapes."""
+
+    def shapes(adapter: str) -> dict[str, tuple[int, ...]]:
+        parameters = _adapter_parameters(policy, adapter).items()
+        return {key.replace(f".{adapter}.", "."): tuple(tensor.shape) for key, tensor in parameters}
+
+    return shapes(first) == shapes(second)
+
+
 def _copy_adapter(policy: Any, active: str, name: str) -> None:
     """Copy adapter ``active``'s tensors into adapter ``name`` of ``policy``, in place."""
     import torch
@@ -255,7 +265,7 @@ def _copy_adapter(policy: Any, active: str, name: str) -> None:
     source = _adapter_parameters(policy, active)
     target = _adapter_parameters(policy, name)
     renamed = {key.replace(f".{active}.", f".{name}."): tensor for key, tensor in source.items()}
-    if set(renamed) != set(target) or any(target[k].shape != v.shape for k, v in renamed.items()):
+    if not _same_tensors(policy, active, name):
         msg = (
             f"the policy's adapters {active!r} and {name!r} do not hold the same tensors "
             f"({len(source)} and {len(target)}): the reference adapter cannot take the restored policy"
@@ -390,9 +400,8 @@ class ReferenceAdapter:
         if self.added:
             _add_reference(policy, self.adapter, self.name)
             return
-        mine, theirs = _adapter_parameters(policy, self.adapter), _adapter_parameters(policy, self.name)
-        shapes = {key.replace(f".{self.adapter}.", "."): tuple(t.shape) for key, t in mine.items()}
-        if shapes != {key.replace(f".{self.name}.", "."): tuple(t.shape) for key, t in theirs.items()}:
+        if not _same_tensors(policy, self.adapter, self.name):
+            mine, theirs = _adapter_parameters(policy, self.adapter), _adapter_parameters(policy, self.name)
             msg = (
                 f"the policy's adapter {self.name!r} must hold the same tensors as {self.adapter!r} to be "
                 f"its reference, got {len(theirs)} and {len(mine)} tensors of other shapes; pass another "
