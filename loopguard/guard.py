@@ -1356,6 +1356,10 @@ class Guard:
                 memory.recent, memory.smoothed = [], 0.0
                 detector.on_rollback(memory.memory)
             self._vote = 0.0
+            after_rollback = getattr(self.controller, "after_rollback", None)
+            if callable(after_rollback) and self._controller_state is not None:
+                # what the controller measured on the hacked policy does not describe the restored one
+                self._controller_state = after_rollback(self._controller_state)
         text = self._explain(reading, action, control_out, ladder_out)
         text += self._ceiling_warning(reading, action)
         if action == "stop":
@@ -1556,7 +1560,9 @@ class Guard:
                 f"Targeted penalty on the trained reward (the Guard keeps reading the raw reward): "
                 f"{self._penalty.describe()}."
             )
-        if control_out is not None and control_out.direction != "hold":
+        if control_out is not None and (
+            control_out.direction != "hold" or control_out.components.get("held_receding") == 1.0
+        ):  # a change of beta, or a hacking vote that did not raise it: say why
             parts.append(control_out.reason[:1].upper() + control_out.reason[1:] + ".")
         elif action == "none" and verdict != "OK" and self.mode == "log_only":
             parts.append("log_only: no action taken.")

@@ -243,6 +243,31 @@ def test_ladder_raises_then_rolls_back_then_gives_up_in_plain_english():
     assert text.count("beta_ceil") == 1  # the ladder suggests it; the give-up advice does not repeat it
 
 
+def test_after_a_rollback_beta_rises_again_on_a_kl_below_the_hacked_policys():
+    # Before the rollback the hacked policy sat at KL 2; the restored one hacks again at KL 0.1. The KL held
+    # at the last raise belongs to the policy the rollback discarded: it must not hold the new raises.
+    rng = np.random.default_rng(16)
+    ladder = EscalationLadder(rollback_patience=4, stop_patience=20, max_rollbacks=1, cooldown_steps=0)
+    guard = Guard(beta=0.01, ladder=ladder)
+    run(guard, [healthy(step, rng) for step in range(25)])
+    step, kl, after, before_rollback = 25, 2.0, [], []
+    while step < 55 and len(after) < 8:
+        decision = guard.step(looping(step, rng, kl=kl))
+        if kl == 0.1:
+            after.append(decision.action)
+        else:
+            before_rollback.append(decision)
+        if decision.action == "rollback":
+            kl = 0.1
+        step += 1
+    assert len(after) == 8, "the ladder never rolled back"
+    held = [d for d in before_rollback if d.components.get("controller.held_receding") == 1.0]
+    assert held, "no hacking step held beta"
+    reasons = ("waiting one step to see its effect", "the raised beta is already pulling the policy back")
+    assert all(any(reason in d.explanation for reason in reasons) for d in held)
+    assert after.count("raise_beta") >= 2, after
+
+
 def test_ladder_stops_without_rollback_when_no_checkpoint():
     rng = np.random.default_rng(7)
     guard = Guard(beta=0.01, ladder=EscalationLadder(rollback_patience=2, stop_patience=2))

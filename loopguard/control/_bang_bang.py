@@ -13,7 +13,7 @@ from typing import ClassVar, NamedTuple
 
 import attrs
 
-from loopguard._validation import describe, integer, real
+from loopguard._validation import boolean, describe, integer, real
 from loopguard.control._common import (
     ControlInput,
     ControlOutput,
@@ -46,6 +46,9 @@ class BangBangState(JSONState):
         floor_beta: The remembered beta that last held a hack off (beta at the first relaxing step after
             a trip), decaying toward ``base_beta``; relaxing never goes below it. None when there is no
             memory (never tripped, memory off, or decayed back to ``base_beta``).
+        raise_kl: The measured KL to the reference at the last raise while tripped (what ``hold_receding``
+            compares with), or None (untripped, or no KL measured at that raise).
+        raise_step: ``step`` just after the last raise while tripped, or None (untripped, or relaxing since).
     """
 
     step: int = attrs.field(validator=StateField("int", lo=0))
@@ -57,6 +60,8 @@ class BangBangState(JSONState):
     floor_beta: float | None = attrs.field(
         default=None, validator=StateField("real", lo=0.0, lo_inclusive=False, optional=True)
     )
+    raise_kl: float | None = attrs.field(default=None, validator=StateField("real", optional=True))
+    raise_step: int | None = attrs.field(default=None, validator=StateField("int", lo=1, optional=True))
 
     def __attrs_post_init__(self) -> None:
         """Check the invariants every reachable state satisfies: never below base; untripped means at base."""
@@ -71,6 +76,15 @@ class BangBangState(JSONState):
                 f"`floor_beta` must be in (base_beta, beta] = ({self.base_beta:g}, {self.beta:g}] or None, "
                 f"got {describe(self.floor_beta)}."
             )
+            raise ConfigError(msg)
+        if not self.tripped and (self.raise_kl is not None or self.raise_step is not None):
+            msg = (
+                "`raise_kl` and `raise_step` must be None when untripped, "
+                f"got {describe(self.raise_kl)} and {describe(self.raise_step)}."
+            )
+            raise ConfigError(msg)
+        if self.raise_step is not None and self.raise_step > self.step:
+            msg = f"`raise_step` must be <= step ({self.step}), got {self.raise_step}."
             raise ConfigError(msg)
         if self.steps_above and self.steps_below:
             msg = (
@@ -116,6 +130,14 @@ class BangBang(KLControllerBase[BangBangState]):
       slowly from the level that worked instead of falling back to the user's beta, where the flaw pays
       again (a limit cycle of trips and releases). A new trip that holds at a higher beta resets the floor
       there. ``memory_half_life=0`` relaxes all the way down by the gain, as the first release did.
+    * **No wind-up while the hack recedes** (``hold_receding``). Once tripped, a raise needs evidence that
+      the beta in force is not enough. The step right after a raise never has it: its batch (and its KL)
+      come from a policy the trainer updated before the raise, so that step holds. After that, a KL to the
+      reference below the one measured at the last raise shows the raised beta already pulling the policy
+      back, and the controller holds rather than piling gain steps onto a response that is under way (an
+      integrator's wind-up under dead time, Åström and Murray 2008, ch. 10); a KL at or above it raises.
+      Without a KL, only the one-step wait applies. A relaxing step or a rollback forgets the last raise:
+      a new trip compares with its own raise, not with a policy that no longer exists.
 
     Counters mean *consecutive*: a vote that is not
     :math:`\ge \tau_{trip}` resets :math:`a_t`, and a vote that is not :math:`\le \tau_{rel}` resets
@@ -128,12 +150,13 @@ class BangBang(KLControllerBase[BangBangState]):
     below the user's setting, unlike the predecessor, which relaxed to a floor below it); an untripped
     controller sits exactly at :math:`\beta_0`.
 
-    ``update(state, ControlInput(vote=...))`` reads ``signal.vote``. ``update(..., allow_lower=False)`` (the
-    escalation ladder's cooldown after a rollback) turns a relaxing step into a hold: the counters still
-    advance, so the first allowed low vote after the cooldown relaxes at once. ``output.components`` holds
-    ``vote``, ``trip_band``, ``release_band``, ``steps_above``, ``steps_below``, ``gain``, ``base_beta``,
-    ``tripped`` (1.0/0.0) and ``lower_blocked`` (1.0 when ``allow_lower=False`` turned a relaxing step into a
-    hold).
+    ``update(state, ControlInput(vote=..., kl=...))`` reads ``signal.vote`` (and ``signal.kl`` when given).
+    ``update(..., allow_lower=False)`` (the escalation ladder's cooldown after a rollback) turns a relaxing
+    step into a hold: the counters still advance, so the first allowed low vote after the cooldown relaxes at
+    once. ``output.components`` holds ``vote``, ``trip_band``, ``release_band``, ``steps_above``,
+    ``steps_below``, ``gain``, ``base_beta``, ``tripped`` (1.0/0.0), ``lower_blocked`` (1.0 when
+    ``allow_lower=False`` turned a relaxing step into a hold), ``floor_beta`` and ``held_receding`` (1.0 when
+    a hacking vote held beta instead of raising it).
 
     Args:
         trip_band: Vote at or above which a step counts as hacking, in (0, 1]. Default 0.30.
@@ -148,6 +171,8 @@ class BangBang(KLControllerBase[BangBangState]):
             push. Default 0.5. 0 turns sizing off (every raise is one gain step).
         memory_half_life: :math:`h` above, healthy steps for the remembered floor to halve its distance
             to the starting beta, >= 0. Default 50. 0 turns the memory off.
+        hold_receding: Hold a tripped beta on the step after a raise and while the KL stays below the one
+            measured at the last raise (above). Default True; False raises on every hacking vote.
 
     Raises:
         LoopguardTypeError: a bool or non-number where a number is expected.
@@ -188,6 +213,7 @@ class BangBang(KLControllerBase[BangBangState]):
     beta_ceil: float = attrs.field(default=1.0, validator=real(lo=0.0, lo_inclusive=False))
     size_fraction: float = attrs.field(default=0.5, validator=real(lo=0.0, hi=10.0))
     memory_half_life: float = attrs.field(default=50.0, validator=real(lo=0.0, hi=1e6))
+    hold_receding: bool = attrs.field(default=True, validator=boolean())
 
     def _check_config(self) -> None:
         """Check the cross-field rule ``release_band < trip_band``."""
@@ -219,13 +245,21 @@ class BangBang(KLControllerBase[BangBangState]):
         steps_above = state.steps_above + 1 if above else 0
         steps_below = state.steps_below + 1 if below else 0
         floor = state.floor_beta
+        raise_kl, raise_step = (state.raise_kl, state.raise_step) if state.tripped else (None, None)
+        receding = None
         if above and (state.tripped or steps_above >= self.dwell_steps):
-            sized = None if state.tripped else self._sized(signal)
-            move = self._raise(state.beta, vote, steps_above, sized)
+            receding = self._receding(state, signal, steps_above)
+            if receding is not None:
+                move = _Move(state.beta, True, False, receding)
+            else:
+                sized = None if state.tripped else self._sized(signal)
+                move = self._raise(state.beta, vote, steps_above, sized)
+                raise_kl, raise_step = signal.kl, state.step + 1
         elif below and state.tripped and steps_below >= self.release_patience:
             if self.memory_half_life > 0:
                 floor = self._remember(state, steps_below)
             move = self._relax(state, vote, steps_below, allow_lower, floor)
+            raise_kl = raise_step = None  # the raised beta held the hack off: a new trip starts afresh
         else:
             move = _Move(
                 state.beta, state.tripped, False, self._hold_reason(state, vote, steps_above, steps_below)
@@ -240,6 +274,8 @@ class BangBang(KLControllerBase[BangBangState]):
             steps_above=steps_above,
             steps_below=steps_below,
             floor_beta=floor,
+            raise_kl=raise_kl if move.tripped else None,
+            raise_step=raise_step if move.tripped else None,
         )
         components = {
             "vote": vote,
@@ -252,6 +288,7 @@ class BangBang(KLControllerBase[BangBangState]):
             "tripped": float(move.tripped),
             "lower_blocked": float(move.blocked),
             "floor_beta": state.base_beta if floor is None else floor,
+            "held_receding": float(receding is not None),
         }
         return ControlOutput.step(state.beta, move.beta, components, move.reason), new_state
 
@@ -270,6 +307,48 @@ class BangBang(KLControllerBase[BangBangState]):
         """
         self.validate(state)
         return attrs.evolve(state, floor_beta=None)
+
+    def after_rollback(self, state: BangBangState) -> BangBangState:
+        """``state`` without its last raise, which described a policy the rollback discarded.
+
+        The KL measured before a rollback says nothing about the restored policy (nor, after a re-anchoring,
+        about the new reference), so a new raise does not wait for it.
+
+        The Guard calls this on every rollback.
+
+        Example:
+            >>> ctl = BangBang()
+            >>> raised = BangBangState(step=9, base_beta=0.01, beta=0.3, tripped=True, steps_above=3,
+            ...                        steps_below=0, raise_kl=0.8, raise_step=9)
+            >>> restored = ctl.after_rollback(raised)
+            >>> restored.raise_kl, restored.raise_step, restored.beta
+            (None, None, 0.3)
+        """
+        self.validate(state)
+        return attrs.evolve(state, raise_kl=None, raise_step=None)
+
+    def _receding(self, state: BangBangState, signal: ControlInput, steps_above: int) -> str | None:
+        """Why a tripped controller holds instead of raising again, or None to raise.
+
+        The raise on the previous step cannot show yet: that step's batch and KL come from a policy trained
+        before it. After that, a KL below the one measured at the last raise shows the raised beta pulling
+        the policy back, and raising further would only wind beta up while the hack recedes.
+        """
+        if not (self.hold_receding and state.tripped and state.beta < self.beta_ceil):
+            return None
+        held = f"held beta {fmt_beta(state.beta)}: vote {signal.vote:.2f} >= trip {self.trip_band:g} for "
+        held += steps_text(steps_above)
+        if state.raise_step is not None and state.step <= state.raise_step:
+            return (
+                f"{held}, but beta was raised on the previous step and this step's batch comes from a policy "
+                "trained before that raise: waiting one step to see its effect"
+            )
+        if state.raise_kl is None or signal.kl is None or signal.kl >= state.raise_kl:
+            return None
+        return (
+            f"{held}, but the KL to the reference fell from {state.raise_kl:.3g} at the last raise to "
+            f"{signal.kl:.3g} nats/token: the raised beta is already pulling the policy back"
+        )
 
     def _sized(self, signal: ControlInput) -> tuple[float, str] | None:
         """The first raise's size, f |A| / sqrt(2 KL), and its explanation; None when it cannot be sized."""

@@ -15,17 +15,28 @@ from loopguard.control import BangBang, BangBangState, ControlInput, ControlOutp
 
 
 def reference_betas(
-    votes, base, *, trip=0.3, release=0.1, dwell=2, patience=3, gain=1.5, ceil=1.0, allow=None
+    votes,
+    base,
+    *,
+    trip=0.3,
+    release=0.1,
+    dwell=2,
+    patience=3,
+    gain=1.5,
+    ceil=1.0,
+    allow=None,
+    dead_time=False,
 ):
-    """Bang-bang written from the spec as plainly as possible."""
-    beta, tripped, high_run, low_run, out = base, False, 0, 0, []
+    """Bang-bang written from the spec as plainly as possible (``dead_time``: no raise right after a raise)."""
+    beta, tripped, high_run, low_run, out, raised = base, False, 0, 0, [], -2
     for k, vote in enumerate(votes):
         allow_lower = True if allow is None else allow[k]
         high_run = high_run + 1 if vote >= trip else 0
         low_run = low_run + 1 if vote <= release else 0
         if vote >= trip and (tripped or high_run >= dwell):
-            tripped = True
-            beta = min(ceil, beta * gain)
+            if not (dead_time and tripped and raised == k - 1 and beta < ceil):
+                tripped, raised = True, k
+                beta = min(ceil, beta * gain)
         elif vote <= release and tripped and low_run >= patience and allow_lower:
             beta = beta / gain
             if beta <= base * (1 + 1e-9):
@@ -68,7 +79,7 @@ WORKED = [
 
 def test_worked_example_hand_computed():
     votes = [vote for vote, _, _ in WORKED]
-    outputs, states = run(BangBang(memory_half_life=0), votes, 0.01)
+    outputs, states = run(BangBang(memory_half_life=0, hold_receding=False), votes, 0.01)
     assert [o.beta for o in outputs] == pytest.approx([beta for _, beta, _ in WORKED], rel=1e-12)
     assert [o.direction for o in outputs] == [direction for _, _, direction in WORKED]
     assert [s.tripped for s in states] == [False] * 4 + [True] * 9 + [False] * 2
@@ -78,7 +89,7 @@ def test_worked_example_hand_computed():
 
 
 def test_reasons_carry_the_numbers():
-    outputs, _ = run(BangBang(memory_half_life=0), [x for x, _, _ in WORKED], 0.01)
+    outputs, _ = run(BangBang(memory_half_life=0, hold_receding=False), [x for x, _, _ in WORKED], 0.01)
     assert outputs[1].reason == "held beta 0.01: vote 0.35 >= trip 0.3 for 1 of 2 steps needed to trip"
     assert outputs[2].reason == "held beta 0.01: vote 0.20 inside the hysteresis band (0.1, 0.3)"
     assert outputs[4].reason == "raised beta 0.01 -> 0.015: vote 0.45 >= trip 0.3 for 2 steps"
@@ -104,11 +115,12 @@ def test_components_explain_the_step():
         "tripped": 1.0,
         "lower_blocked": 0.0,
         "floor_beta": 0.01,
+        "held_receding": 0.0,
     }
 
 
 def test_raise_stops_at_the_ceiling_and_says_so():
-    ctl = BangBang(beta_ceil=0.02)
+    ctl = BangBang(beta_ceil=0.02, hold_receding=False)
     outputs, _ = run(ctl, [0.9, 0.9, 0.9, 0.9], 0.01)
     assert [o.beta for o in outputs] == pytest.approx([0.01, 0.015, 0.02, 0.02])
     assert outputs[2].reason.endswith("(now at the ceiling)")
@@ -169,6 +181,7 @@ def configs(draw):
         beta_floor=floor,
         beta_ceil=ceil,
         memory_half_life=0,
+        hold_receding=draw(st.booleans()),
     )
     return ctl, base
 
@@ -189,6 +202,7 @@ def test_beta_stays_in_base_ceil_and_matches_reference(config, votes, allow_flag
         gain=ctl.gain,
         ceil=ctl.beta_ceil,
         allow=allow,
+        dead_time=ctl.hold_receding,
     )
     assert [o.beta for o in outputs] == pytest.approx(expected, rel=1e-9)
     previous = base
@@ -251,7 +265,7 @@ def test_plant_with_persistent_hack_pressure_keeps_excursions_short_and_small(pl
     # must do is cut every excursion short: never above trip + 0.1, never more than dwell + 3 steps above
     # trip, and above trip on at most a fifth of the steps.
     for seed in range(3):
-        scores, betas = plant(BangBang(memory_half_life=0), base_beta, seed=seed)
+        scores, betas = plant(BangBang(memory_half_life=0, hold_receding=False), base_beta, seed=seed)
         first = int(np.argmax(scores >= 0.3))
         assert first > 0
         after = scores[first:]
@@ -401,6 +415,17 @@ def test_wrong_state_is_rejected():
             "`beta` must be base_beta (0.01) when untripped, got 0.02.",
         ),
         (lambda d: d.update(steps_above=1, steps_below=1), ConfigError, "cannot both be > 0, got 1 and 1."),
+        (
+            lambda d: d.update(raise_kl=0.3),
+            ConfigError,
+            "`raise_kl` and `raise_step` must be None when untripped, got 0.3 and None.",
+        ),
+        (
+            lambda d: d.update(tripped=True, beta=0.02, raise_step=3),
+            ConfigError,
+            "`raise_step` must be <= step (0), got 3.",
+        ),
+        (lambda d: d.update(raise_kl=float("inf")), StateError, "`state.raise_kl` must be finite, got inf."),
     ],
 )
 def test_from_dict_validates(mutate, error, message):
@@ -428,13 +453,15 @@ def test_to_dict_is_plain_json():
         "steps_above": 2,
         "steps_below": 0,
         "floor_beta": None,
+        "raise_kl": None,
+        "raise_step": 2,
     }
     assert json.loads(json.dumps(payload)) == payload
 
 
 def test_a_state_saved_before_the_memory_existed_loads_without_a_floor():
     payload = BangBang().init(0.01).to_dict()
-    del payload["floor_beta"]
+    del payload["floor_beta"], payload["raise_kl"], payload["raise_step"]
     assert BangBangState.from_dict(payload).floor_beta is None
 
 
@@ -442,7 +469,7 @@ def test_a_state_saved_before_the_memory_existed_loads_without_a_floor():
 
 
 def test_memory_holds_the_beta_that_held_the_hack_off_and_decays_by_half_per_half_life():
-    ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10)
+    ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10, hold_receding=False)
     votes = [0.9, 0.9, 0.9, 0.9] + [0.0] * 32  # trips at 0.01 -> 0.02 -> 0.04 -> 0.08, then healthy
     outputs, states = run(ctl, votes, 0.01)
     assert outputs[3].beta == pytest.approx(0.08)
@@ -473,7 +500,7 @@ def test_memory_ends_the_limit_cycle_of_a_flaw_that_keeps_paying():
 
 
 def test_first_raise_is_sized_from_the_measured_kl_and_the_advantage_scale():
-    ctl = BangBang(dwell_steps=1)
+    ctl = BangBang(dwell_steps=1, hold_receding=False)
     out, state = ctl.update(ctl.init(0.001), ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0))
     assert out.beta == pytest.approx(0.5 * 1.0 / math.sqrt(2 * 2.0))
     assert "sized so that the KL pull" in out.reason
@@ -484,6 +511,80 @@ def test_first_raise_is_sized_from_the_measured_kl_and_the_advantage_scale():
     assert ctl.update(ctl.init(0.001), ControlInput(vote=0.9, kl=0.0, advantage_scale=1.0))[0].beta == 1.0
     assert ctl.update(ctl.init(0.001), ControlInput(vote=0.9, kl=2.0))[0].beta == pytest.approx(0.0015)
     off = BangBang(dwell_steps=1, size_fraction=0)
-    assert off.update(off.init(0.001), ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0))[0].beta == pytest.approx(
-        0.0015
+    assert off.update(off.init(0.001), ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0))[
+        0
+    ].beta == pytest.approx(0.0015)
+
+
+# ------------------------------------------------------------------------- holding while the hack recedes
+
+
+def test_a_raise_waits_one_step_for_its_effect():
+    # The batch after a raise comes from a policy trained before it: raising again on it is blind.
+    outputs, states = run(BangBang(memory_half_life=0), [0.9] * 6, 0.01)
+    assert [o.beta for o in outputs] == pytest.approx([0.01, 0.015, 0.015, 0.0225, 0.0225, 0.03375])
+    assert [o.components["held_receding"] for o in outputs] == [0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    assert outputs[2].reason == (
+        "held beta 0.015: vote 0.90 >= trip 0.3 for 3 steps, but beta was raised on the previous step and "
+        "this step's batch comes from a policy trained before that raise: waiting one step to see its effect"
     )
+    assert states[1].raise_step == 2
+    assert states[3].raise_step == 4
+
+
+def test_a_kl_falling_since_the_last_raise_holds_beta_and_a_rising_one_raises_it():
+    ctl = BangBang(dwell_steps=1, memory_half_life=0)
+    state = ctl.init(0.01)
+    betas, reasons = [], []
+    for kl in [0.5, 0.6, 0.3, 0.45, 0.7, 0.8, 0.65]:
+        out, state = ctl.update(state, ControlInput(vote=0.9, kl=kl))
+        betas.append(out.beta)
+        reasons.append(out.reason)
+    # trip (no advantage scale: a gain step), dead step, KL 0.3 and 0.45 < 0.5 at the raise: hold; 0.7: raise;
+    # dead step; 0.65 < 0.7: hold
+    assert betas == pytest.approx([0.015, 0.015, 0.015, 0.015, 0.0225, 0.0225, 0.0225])
+    assert reasons[2] == (
+        "held beta 0.015: vote 0.90 >= trip 0.3 for 3 steps, but the KL to the reference fell from 0.5 at the "
+        "last raise to 0.3 nats/token: the raised beta is already pulling the policy back"
+    )
+    assert state.raise_kl == 0.7
+    off = BangBang(dwell_steps=1, memory_half_life=0, hold_receding=False)
+    state = off.init(0.01)
+    for kl in [0.5, 0.6, 0.3]:
+        out, state = off.update(state, ControlInput(vote=0.9, kl=kl))
+    assert out.beta == pytest.approx(0.01 * 1.5**3)
+
+
+def test_a_new_trip_after_relaxing_is_not_held_by_an_old_raise():
+    ctl = BangBang(dwell_steps=1, release_patience=1, memory_half_life=50)
+    state = ctl.init(0.01)
+    for vote, kl in [(0.9, 1.0), (0.9, 1.0), (0.9, 1.2), (0.0, 0.1)]:  # trip, dead step, raise, relax
+        out, state = ctl.update(state, ControlInput(vote=vote, kl=kl))
+    assert out.direction == "hold"
+    assert state.floor_beta is not None  # first relaxing step: remembered
+    assert state.tripped
+    assert state.raise_kl is None
+    assert state.raise_step is None
+    before = out.beta
+    out, state = ctl.update(state, ControlInput(vote=0.9, kl=0.2))  # the flaw pays again at a lower KL
+    assert out.direction == "raise"
+    assert out.beta == pytest.approx(before * 1.5)
+
+
+def test_at_the_ceiling_the_hold_is_the_ceilings():
+    outputs, _ = run(BangBang(beta_ceil=0.02, memory_half_life=0), [0.9] * 5, 0.01)
+    assert [o.beta for o in outputs] == pytest.approx([0.01, 0.015, 0.015, 0.02, 0.02])
+    assert outputs[4].reason == "held beta at the ceiling 0.02: vote 0.90 >= trip 0.3 for 5 steps"
+
+
+def test_the_last_raise_survives_a_json_round_trip():
+    ctl = BangBang(dwell_steps=1)
+    _, state = ctl.update(ctl.init(0.01), ControlInput(vote=0.9, kl=0.4))
+    restored = BangBangState.from_dict(json.loads(json.dumps(state.to_dict())))
+    assert restored == state
+    assert restored.raise_kl == 0.4
+    assert restored.raise_step == 1
+    for kl in [0.5, 0.3]:
+        out_a, state = ctl.update(state, ControlInput(vote=0.9, kl=kl))
+        out_b, restored = ctl.update(restored, ControlInput(vote=0.9, kl=kl))
+        assert out_a == out_b
