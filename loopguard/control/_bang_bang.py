@@ -346,8 +346,8 @@ class BangBang(KLControllerBase[BangBangState]):
         if state.raise_kl is None or signal.kl is None or signal.kl >= state.raise_kl:
             return None
         return (
-            f"{held}, but the KL to the reference fell from {state.raise_kl:.3g} at the last raise to "
-            f"{signal.kl:.3g} nats/token: the raised beta is already pulling the policy back"
+            f"{held}, but the KL to the reference has fallen since the last raise ({state.raise_kl:.3g} -> "
+            f"{signal.kl:.3g} nats/token), so the raised beta is already pulling the policy back"
         )
 
     def _sized(self, signal: ControlInput) -> tuple[float, str] | None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.control import BangBang, BangBangState, ControlInput, ControlOutput, PIDLagrangian
+from loopguard.log import redact_secrets
 
 # --------------------------------------------------------------------------------------------------
 # an independent, naive reference
@@ -544,10 +545,13 @@ def test_a_kl_falling_since_the_last_raise_holds_beta_and_a_rising_one_raises_it
     # dead step; 0.65 < 0.7: hold
     assert betas == pytest.approx([0.015, 0.015, 0.015, 0.015, 0.0225, 0.0225, 0.0225])
     assert reasons[2] == (
-        "held beta 0.015: vote 0.90 >= trip 0.3 for 3 steps, but the KL to the reference fell from 0.5 at the "
-        "last raise to 0.3 nats/token: the raised beta is already pulling the policy back"
+        "held beta 0.015: vote 0.90 >= trip 0.3 for 3 steps, but the KL to the reference has fallen since the "
+        "last raise (0.5 -> 0.3 nats/token), so the raised beta is already pulling the policy back"
     )
     assert state.raise_kl == 0.7
+    # the mitigation log redacts credentials ("token: x"): the reasons must reach it whole
+    assert redact_secrets(reasons[2]) == reasons[2]
+    assert redact_secrets(reasons[1]) == reasons[1]
     off = BangBang(dwell_steps=1, memory_half_life=0, hold_receding=False)
     state = off.init(0.01)
     for kl in [0.5, 0.6, 0.3]:
