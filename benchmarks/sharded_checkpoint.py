@@ -135,6 +135,9 @@ def _worker(
     if rank == 0:
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(results, handle)
+    # both ranks tear the group down together: a rank that destroys it while the other still holds its gloo
+    # pairs can abort the other in C++ ("terminate called without an active exception", seen once in ~10 runs)
+    dist.barrier()
     dist.destroy_process_group()
 
 
