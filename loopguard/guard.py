@@ -22,10 +22,14 @@ Example:
     >>> decision.verdict, decision.action, decision.beta_after
     ('OK', 'none', 0.04)
     >>> looping = ["x y " * 6] * 16
-    >>> for step in range(6, 10):
-    ...     decision = guard.step(Observation(step, rng.normal(size=16), completions=looping, group_size=4))
-    >>> decision.verdict, decision.action, decision.beta_after > 0.04
-    ('HACK', 'raise_beta', True)
+    >>> decisions = [
+    ...     guard.step(Observation(step, rng.normal(size=16), completions=looping, group_size=4))
+    ...     for step in range(6, 12)
+    ... ]
+    >>> [(d.verdict, d.action) for d in decisions[1:4]]  # HACK for 2 steps trips; a raise waits a step to act
+    [('HACK', 'none'), ('HACK', 'raise_beta'), ('HACK', 'none')]
+    >>> decisions[-1].beta_after > 0.04
+    True
 """
 
 from __future__ import annotations

@@ -1072,7 +1072,9 @@ class RewardHackMitigator(_Observer):
             level = logging.WARNING if verdict != "OK" or action in ("rollback", "stop") else logging.INFO
             self._console.status(level, line)
             self._events.append(line.removeprefix("loopguard: "))
-        self._shown, self._last_action = verdict, action
+        self._shown = verdict
+        if action != "none":  # a hold between two raises (bang-bang waiting for one to act) continues the run
+            self._last_action = action
         self._console.postfix(f"loopguard {verdict}{shown}")
         hack_began = verdict == "HACK" and previous != "HACK"
         if self.alerts and (hack_began or decision.action in ("rollback", "stop")):
