@@ -163,6 +163,10 @@ def test_run_metrics_from_a_hand_made_run():
     assert metrics["max_beta"] == 0.1
     assert metrics["loopguard_share"] == pytest.approx(0.05 / 2.0)
     assert metrics["loopguard_ms_per_step"] == pytest.approx(50 / 30)
+    # a flaw switched on at step 21: the HACK at step 20 came before it, so it is no detection of the flaw
+    staged = analysis.run_metrics(_run(gold, log, held=10), unguarded_peak_step=15, flaw_step=21)
+    assert (staged["first_hack"], staged["latency"], staged["early_hack"]) == (21, 6, 20)
+    assert metrics["early_hack"] is None
     silent = analysis.run_metrics(_run(gold, [], arm="fixed-0.1"), unguarded_peak_step=15)
     assert silent["first_hack"] is None
     assert silent["latency"] is None
@@ -231,7 +235,10 @@ def test_targets_compare_against_the_best_fixed_beta_in_hindsight():
     assert holds[("diversity", every)] is False
     assert holds[("diversity", latency)] is False  # the median of 14 and 12
     detection = analysis.detection_rows({"metrics": grouped})
-    assert detection == ["| `diversity` | emerges | 1/1 | 2/3 | 30 | +13 | 1.00 |"]
+    assert detection == ["| `diversity` | emerges | 1/1 | 2/3 | 30 | +13 | -- | 1.00 |"]  # no flaw to precede
+    grouped["sentinel"] = {"lg_log_only": _rows(0.3, early_hack=12), "lg_kl_control": _rows(0.8)}
+    staged = analysis.detection_rows({"metrics": {"sentinel": grouped["sentinel"]}})
+    assert staged == ["| `sentinel` | mid-run | 1/1 | 2/2 | 30 | +5 | 1/2 | 1.00 |"]
 
 
 # ------------------------------------------------------------------------------------------- end to end

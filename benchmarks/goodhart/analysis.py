@@ -77,15 +77,24 @@ def hacked(gold: Sequence[float]) -> bool:
 
 
 def run_metrics(
-    run: dict[str, Any], unguarded_peak_step: int | None, unguarded_hacked: bool | None = None
+    run: dict[str, Any],
+    unguarded_peak_step: int | None,
+    unguarded_hacked: bool | None = None,
+    flaw_step: int = 0,
 ) -> dict[str, Any]:
-    """The per-run metrics of the issue (see docs/benchmarks.md for the definitions)."""
+    """The per-run metrics of the issue (see docs/benchmarks.md for the definitions).
+
+    ``flaw_step`` is the first step trained on the flawed proxy (0 when the flaw is there from the start or
+    emerges by itself): only a HACK from that step on can be a detection of the flaw, so ``first_hack`` and
+    ``latency`` count from it, and a HACK before it is reported apart (``early_hack``).
+    """
     peak_gold, peak_step = peak(run["gold"])
     log = run["log"]
     first = {
-        verdict: next((r["step"] for r in log if r["verdict"] == verdict), None)
+        verdict: next((r["step"] for r in log if r["verdict"] == verdict and r["step"] >= flaw_step), None)
         for verdict in ("WARN", "HACK")
     }
+    early_hack = next((r["step"] for r in log if r["verdict"] == "HACK" and r["step"] < flaw_step), None)
     first_warn = min((s for s in (first["WARN"], first["HACK"]) if s is not None), default=None)
     actions = {action: sum(r["action"] == action for r in log) for action in ACTIONS}
     step_seconds = sum(run["step_seconds"]) or math.nan
@@ -102,6 +111,7 @@ def run_metrics(
         "final_beta": run["beta"][-1],
         "first_warn": first_warn,
         "first_hack": first["HACK"],
+        "early_hack": early_hack,
         "latency": latency,
         "hacked_seed": unguarded_hacked,
         "actions": actions,
@@ -140,9 +150,13 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     unguarded = {(run["scenario"], run["seed"]): run["gold"] for run in runs if run["arm"] == UNGUARDED}
     grouped: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for run in sorted(runs, key=lambda r: (r["scenario"], ARMS.index(r["arm"]), r["seed"])):
-        gold = unguarded.get((run["scenario"], run["seed"])) if SCENARIOS[run["scenario"]].hack else None
+        scenario = SCENARIOS[run["scenario"]]
+        gold = unguarded.get((run["scenario"], run["seed"])) if scenario.hack else None
         metrics = run_metrics(
-            run, None if gold is None else peak_end(gold), None if gold is None else hacked(gold)
+            run,
+            None if gold is None else peak_end(gold),
+            None if gold is None else hacked(gold),
+            flaw_step=scenario.onset_step(run["steps"]),
         )
         metrics["seed"] = run["seed"]
         grouped.setdefault(run["scenario"], {}).setdefault(run["arm"], []).append(metrics)
@@ -236,10 +250,13 @@ def detection_rows(summary: dict[str, Any], chosen: tuple[str, ...] = DETECTING_
         if SCENARIOS[scenario].onset_free:
             onset = "emerges"
         cost = _mean(guarded, "loopguard_ms_per_step")
+        early = "--"
+        if SCENARIOS[scenario].base is not None:
+            early = f"{sum(row.get('early_hack') is not None for row in guarded)}/{len(guarded)}"
         rows.append(
             f"| `{scenario}` | {onset} | {seeds}/{len({row['seed'] for row in guarded})} | "
             f"{flagged}/{len(hit)} | {_median_text(firsts).lstrip('+')} | {_median_text(latencies)} | "
-            f"{cost:.2f} |"
+            f"{early} | {cost:.2f} |"
         )
     return rows
 
@@ -275,8 +292,8 @@ def markdown(summary: dict[str, Any], header: str) -> str:
             )
     head = [
         "| scenario | flaw | hacked seeds | runs with HACK (of hacked seeds) | median first HACK | "
-        "median latency | loopguard ms/step |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "median latency | runs with a HACK before the flaw | loopguard ms/step |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     detection = detection_rows(summary)
     if detection:
