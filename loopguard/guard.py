@@ -433,7 +433,6 @@ class _Reading:
     drift_held: bool = False
     in_reference: bool = False  # the step's batch completes the reference sample
     staged: dict[str, dict[str, float]] = attrs.field(factory=dict)  # warm-up values kept if the step is OK
-    doubted: set[str] = attrs.field(factory=set)  # primary signals reading WARN or worse on this step alone
     trends: list[str] = attrs.field(factory=list)  # warm-up trends toward a hack, in words
     data: StepData | None = None  # the step's inputs, converted once (for the targeted rung)
 
@@ -1225,17 +1224,10 @@ class Guard:
             )
 
     def _commit_warm(self, reading: _Reading) -> None:
-        """Keep this warm-up step's values for the baseline only when the step read OK (healthy).
-
-        A primary signal whose own score read WARN or worse against the reference on this step keeps its
-        values out even when the vote read OK (the other signals outvoted it): one signal's evidence of a
-        hack is not confirmation that the step was healthy for that signal.
-        """
+        """Keep this warm-up step's values for the baseline only when the step read OK (healthy)."""
         if reading.verdict != "OK":
             return
         for name, values in reading.staged.items():
-            if name in reading.doubted:
-                continue
             memory = self._memories[name]
             for key, value in values.items():
                 memory.warm.setdefault(key, []).append(value)
@@ -1295,8 +1287,6 @@ class Guard:
             reading.raw.update({f"{detector.name}.{key}": value for key, value in raw.items()})
             score, smooth = self._score(detector, raw, reading)
             if score is not None:
-                if detector.role == "primary" and score >= self.warn_level:
-                    reading.doubted.add(detector.name)  # this value does not join its own baseline
                 reading.scores[detector.name] = self._smooth(memory, score) if smooth else score
         if self._seen == self.warmup_steps:
             for detector in self.detectors:
