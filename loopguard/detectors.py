@@ -38,7 +38,10 @@ Example:
 
 from __future__ import annotations
 
+import bisect
+import functools
 import math
+import statistics
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
@@ -51,6 +54,7 @@ from loopguard import signals
 from loopguard._saved_state import Fields, check_state_reals
 from loopguard._types import HACK_LEVEL, WARN_LEVEL  # defined there: the log's readers need no numpy
 from loopguard._validation import (
+    MAX_ENSEMBLE_MEMBERS,
     as_float_array,
     check_int,
     check_name,
@@ -59,7 +63,7 @@ from loopguard._validation import (
     integer,
     real,
 )
-from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
+from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 
 __all__ = [
     "HACK_LEVEL",
@@ -69,6 +73,7 @@ __all__ = [
     "Diversity",
     "GoldAudit",
     "InfoRM",
+    "JudgeGap",
     "Length",
     "Metric",
     "RMEnsemble",
@@ -898,11 +903,39 @@ class RewardDrift(Detector):
 
 @attrs.frozen
 class RMEnsemble(Detector):
-    """Reward-model ensemble disagreement (Coste et al. 2023; Eisenstein et al. 2023).
+    r"""Reward-model ensemble disagreement (Coste et al. 2023; Eisenstein et al. 2023).
+
+    Each step's score matrix ``[members, batch]`` is read as the mean per-sample variance across members,
+    scored by its relative rise over the baseline. The members are taken to share one scale, as an ensemble
+    of reward models trained alike does (Coste et al. 2023). For members on different scales or offsets (a
+    0-1 judge beside a reward model's logits), ``standardize=True`` first puts each member's scores in units
+    of its own spread on the *reference sample* (the Guard's reference batches; without any, its warm-up
+    batches): :math:`z_k = (s_k - \mu_k) / \sigma_k`, the moments pooled over those batches and then
+    frozen (never per batch: a hack that every completion of a batch exploits alike would vanish). A member
+    with no reference spread is taken at the members' median spread, and none below a tenth of it.
+
+    Standardising has a cost, which is why it is not the default: each member's spread is estimated from the
+    reference sample (48 completions at the default three batches of 16), and a 10 % error in one member's
+    spread reads, once the rewards have risen by a few spreads, as disagreement that grows with a healthy
+    gain (measured on the Goodhart benchmark's clean scenario, whose members share one scale: one of five
+    seeds read HACK). The variance is also symmetric: it rises when members part ways for a healthy reason,
+    as when a bounded member saturates (a pass rate nearing 1) or a judge compresses at the top (a
+    probability). For a trained reward watched by judges on their own scales, :class:`JudgeGap` reads only
+    the direction that means a hack, on ranks.
+
+    ``min_agreement`` leaves out every member whose scores correlate with the first member's below it on
+    the reference sample (Pearson, on the pooled moments): a function logged beside the reward that
+    measures something else (a length or a format check) is not a judge of the same thing. While the
+    reference sample is being pooled the members that agree so far are used. With fewer than two members
+    left nothing is scored.
 
     Args:
         members: Number of ensemble members, or their names; at least 2. Observations must carry
             ``ensemble_scores`` shaped ``[members, batch]``.
+        standardize: Score each member in units of its reference spread (above). Default False: the raw
+            variance across members, for members on one scale.
+        min_agreement: Lowest reference-sample correlation with the first member for a member to count, in
+            [-1, 1]; None (default): every member counts.
     """
 
     name: ClassVar[str] = "rm_ensemble"
@@ -912,39 +945,449 @@ class RMEnsemble(Detector):
         "(ensemble_reward(method='uwo' or 'min')) or retrain the reward models on recent samples"
     )
     members: int | tuple[str, ...] | None = attrs.field(default=None)
+    standardize: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    min_agreement: float | None = attrs.field(default=None, validator=real(lo=-1.0, hi=1.0, optional=True))
 
     def __attrs_post_init__(self) -> None:
         """At least two members: one reward model cannot disagree with itself."""
-        members = self.members
-        if members is None:
-            return
-        if isinstance(members, tuple):
-            for index, member in enumerate(members):
-                check_name(f"members[{index}]", member)
-            count = len(members)
-        else:
-            count = check_int("members", members)
-        if count < 2:
-            msg = f"`members` of rm_ensemble must be at least 2 reward models, got {members!r}."
-            raise ConfigError(msg)
+        _check_members("rm_ensemble", self.members)
 
     @property
     def count(self) -> int | None:
         """Number of members, when configured."""
-        if self.members is None:
-            return None
-        return len(self.members) if isinstance(self.members, tuple) else int(self.members)
+        return _member_count(self.members)
 
     def metrics(self) -> tuple[Metric, ...]:
         """Mean per-sample variance across members, relative rise 0.5/1.5."""
         return (Metric("disagreement", "up", True, 0.50, 1.50, unit="{:.4g}", domain=(0.0, None)),)
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
-        """Disagreement of this step's ensemble scores."""
+        """Disagreement of this step's ensemble scores (standardised on the reference sample's moments)."""
         scores = data.observation.ensemble_scores
         if scores is None or scores.shape[0] < 2:
             return None
-        return {"disagreement": signals.ensemble_disagreement(scores)}
+        if not self.standardize and self.min_agreement is None:
+            return {"disagreement": signals.ensemble_disagreement(scores)}
+        _pool_reference(memory, scores, data)
+        kept = np.arange(scores.shape[0])
+        if self.min_agreement is not None:
+            correlation = np.asarray(_correlations(memory), dtype=np.float64)
+            kept = np.flatnonzero((correlation >= self.min_agreement) | (kept == 0))
+        if len(kept) < 2:
+            return {}
+        chosen = scores[kept]
+        if self.standardize:
+            mean = np.asarray(memory["mean"], dtype=np.float64)[kept]
+            spread = _member_spreads(np.asarray(memory["m2"], dtype=np.float64), int(memory["rows"]))[kept]
+            chosen = (chosen - mean[:, None]) / spread[:, None]
+        return {"disagreement": signals.ensemble_disagreement(chosen)}
+
+    def on_warmup_end(self, memory: dict[str, Any]) -> None:
+        """Freeze the reference moments (pooled from the warm-up when there was no reference sample)."""
+        if "mean" in memory:
+            memory["frozen"] = True
+
+    def check_memory(self, memory: object, path: str) -> dict[str, Any]:
+        """Memory: the pooled reference moments, ``from_reference`` and ``frozen``.
+
+        The moments: ``rows``, ``batches``, and per member ``mean``, ``m2`` (the sum of squared deviations)
+        and ``co`` (the co-moment with the first member).
+        """
+        return _check_moments(_memory_fields(memory, path, _MOMENT_KEYS), path, self.count)
+
+
+def _check_members(name: str, members: object) -> None:
+    """``members``: None, a count or names, at least 2 (one reward model cannot disagree with itself)."""
+    if members is None:
+        return
+    if isinstance(members, tuple):
+        for index, member in enumerate(members):
+            check_name(f"members[{index}]", member)
+        count = len(members)
+    else:
+        count = check_int("members", members)
+    if count < 2:
+        msg = f"`members` of {name} must be at least 2 reward models, got {members!r}."
+        raise ConfigError(msg)
+
+
+def _member_count(members: int | tuple[str, ...] | None) -> int | None:
+    if members is None:
+        return None
+    return len(members) if isinstance(members, tuple) else int(members)
+
+
+_MOMENT_KEYS = ("rows", "batches", "mean", "m2", "co", "from_reference", "frozen")
+
+
+def _pool_reference(memory: dict[str, Any], scores: NDArray[np.float64], data: StepData) -> bool:
+    """Pool the batch into the reference moments while the sample is open; True once it is closed.
+
+    The reference batches form the sample; without any, the first ``warmup_steps`` batches (also closed
+    when the warm-up ends).
+    """
+    members = len(memory.get("mean", ()))
+    if members and members != scores.shape[0]:
+        msg = (
+            f"`ensemble_scores` must keep the members of the reference sample ({members} rows), got "
+            f"{scores.shape[0]} rows at step {data.observation.step}."
+        )
+        raise InputError(msg)
+    batches = int(memory.get("batches", 0))
+    if not data.reference and (memory.get("from_reference") or batches >= max(1, data.warmup_steps)):
+        memory["frozen"] = True
+    if memory.get("frozen"):
+        return True
+    _pool_moments(memory, scores)
+    memory["from_reference"] = bool(memory.get("from_reference")) or data.reference
+    return False
+
+
+def _pool_moments(memory: dict[str, Any], scores: NDArray[np.float64]) -> None:
+    """Merge a batch's per-member moments into the pool (Chan, Golub and LeVeque 1979: exact, stable)."""
+    n_b = scores.shape[1]
+    mean_b = scores.mean(axis=1)
+    centred = scores - mean_b[:, None]
+    m2_b, co_b = np.einsum("kb,kb->k", centred, centred), centred @ centred[0]
+    co_b[0] = m2_b[0]  # the same sum: keep the identity exact
+    if "mean" not in memory:
+        memory.update(rows=n_b, batches=1, mean=mean_b.tolist(), m2=m2_b.tolist(), co=co_b.tolist())
+        memory.update(from_reference=False, frozen=False)
+        return
+    n_a = int(memory["rows"])
+    mean_a = np.asarray(memory["mean"], dtype=np.float64)
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    weight = n_a * n_b / n
+    m2 = np.asarray(memory["m2"], dtype=np.float64) + m2_b + delta * delta * weight
+    co = np.asarray(memory["co"], dtype=np.float64) + co_b + delta * delta[0] * weight
+    co[0] = m2[0]
+    memory.update(rows=n, batches=int(memory["batches"]) + 1, mean=(mean_a + delta * (n_b / n)).tolist())
+    memory.update(m2=m2.tolist(), co=co.tolist())
+
+
+def _correlations(memory: Mapping[str, Any]) -> list[float]:
+    """Each member's pooled reference correlation with the first (NaN where a member has no spread)."""
+    m2, co = np.asarray(memory["m2"], dtype=np.float64), np.asarray(memory["co"], dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        correlation = np.clip(co / np.sqrt(m2[0] * m2), -1.0, 1.0)
+    return [float(value) for value in correlation]
+
+
+def _member_spreads(m2: NDArray[np.float64], rows: int) -> NDArray[np.float64]:
+    """Each member's reference standard deviation, at least a tenth of the members' median.
+
+    A member with none is taken at the median (1 when no member has a spread).
+    """
+    spread = np.sqrt(np.maximum(m2, 0.0) / rows)
+    positive = spread[spread > 0]
+    typical = float(np.median(positive)) if positive.size else 1.0
+    return np.where(spread > 0, np.maximum(spread, 0.1 * typical), typical)
+
+
+def _check_moments(fields: Fields, path: str, count: int | None) -> dict[str, Any]:
+    """The pooled reference moments of a saved ensemble memory (empty: none pooled yet)."""
+    present = [key for key in _MOMENT_KEYS if key in fields]
+    if not present:
+        return {}
+    missing = [key for key in _MOMENT_KEYS if key not in fields]
+    if missing:
+        names = ", ".join(repr(key) for key in _MOMENT_KEYS)
+        msg = f"`{path}` must hold {names} together, got no {missing}."
+        raise StateError(msg)
+    rows, batches = fields.integer("rows", lo=1), fields.integer("batches", lo=1)
+    mean = check_state_reals(fields.name("mean"), fields.raw("mean"), max_length=MAX_ENSEMBLE_MEMBERS)
+    m2 = check_state_reals(fields.name("m2"), fields.raw("m2"), lo=0.0, max_length=MAX_ENSEMBLE_MEMBERS)
+    co = check_state_reals(fields.name("co"), fields.raw("co"), max_length=MAX_ENSEMBLE_MEMBERS)
+    if len(mean) < 2 or len(m2) != len(mean) or len(co) != len(mean) or count not in (None, len(mean)):
+        expected = "at least 2" if count is None else str(count)
+        msg = (
+            f"`{path}` must hold one mean, m2 and co per member ({expected}), got {len(mean)}, "
+            f"{len(m2)} and {len(co)}."
+        )
+        raise StateError(msg)
+    if batches > rows or co[0] != m2[0]:
+        msg = (
+            f"`{path}` must hold at most one batch per row and co[0] == m2[0] (the first member's "
+            f"co-moment with itself), got batches {batches}, rows {rows}, co[0] {co[0]!r}, "
+            f"m2[0] {m2[0]!r}."
+        )
+        raise StateError(msg)
+    return {
+        "rows": rows,
+        "batches": batches,
+        "mean": mean,
+        "m2": m2,
+        "co": co,
+        "from_reference": fields.flag("from_reference"),
+        "frozen": fields.flag("frozen"),
+    }
+
+
+@attrs.frozen
+class JudgeGap(Detector):
+    r"""The trained reward outruns its judges: it rises beyond what its judges confirm.
+
+    The first member is the reward the policy is trained on; the others are *judges*: reward models or
+    graders scoring the same completions that are not trained on (a TRL reward function with weight 0).
+    The *reference sample* (the Guard's reference batches; without any, its first ``warmup_steps``
+    batches) fixes, for each member, how its scores are read from then on: as a normal score, the probit
+    of the score's mid-rank among that member's reference scores,
+
+    .. math::
+
+        z_k(s) = \Phi^{-1}\!\left(\frac{\#\{s_k^{\text{ref}} < s\} + \#\{s_k^{\text{ref}} \le s\} + 1}
+                 {2(n + 1)}\right),
+
+    so that members on any scale, offset or monotone transform (a reward model's logits, a 0-1 probability,
+    a 1-10 grade) read alike, and each judge's correlation :math:`r_k` with the trained reward on the
+    reference sample (of those normal scores) is kept. Where the policy improves what both measure, a
+    judge's score rises at least :math:`r_k` times as far as the trained reward's (exactly so when the
+    trained reward is noise-free, more when it is noisy: classical measurement error); where the policy
+    exploits the trained reward's own errors, the judges stay behind. The gap per completion is
+
+    .. math::
+
+        e_b = \frac{1}{J} \sum_{k \ge 1} \left( \min(r_k z_{0}(s_{0b}), c_k) - z_{k}(s_{kb}) \right)
+
+    and the statistic is its batch mean less ``margin`` standard errors (a lower confidence bound), held
+    over the last ``window`` batches (the lowest of them; nothing is scored until the window is full), in
+    reference standard deviations. It is one-sided: judges that rise *more* than the trained reward (a
+    pass/fail trained reward that saturates, a stricter judge) are no sign of a hack. Scored on absolute
+    bands (WARN from ``bands[0]``, HACK from ``bands[1]``), with no warm-up baseline to learn.
+
+    where :math:`c_k` is the judge's ceiling: the normal score of its top reference score when several
+    reference completions share it (a pass/fail check or a grade has a top it cannot pass), else none.
+    Normal scores stop at the reference sample's range (about 2.3 standard deviations with 48 reference
+    samples): a judge that saturates (a probability near 1) cannot say "better still", and read that way
+    no judge's ceiling reads as a gap. The price: once a healthy run has taken the judges past the top of
+    their reference range, a hack that starts there is not seen by this signal (a larger reference sample
+    widens the range).
+
+    Only judges whose reference correlation with the trained reward is at least ``min_agreement`` count: a
+    function logged beside the reward that measures something else (a length or a format check) is not a
+    judge of the same thing. With no judge left (or a trained reward with no spread on the reference
+    sample), nothing is scored. Judges fooled by the same flaw as the trained reward (reward models trained
+    on the same data; Eisenstein et al. 2023) shrink the gap: the mean over judges counts each once.
+
+    Args:
+        members: Number of members, or their names (the trained reward first); at least 2. Observations
+            must carry ``ensemble_scores`` shaped ``[members, batch]`` in that order.
+        min_agreement: Lowest reference correlation with the trained reward for a judge to count, in
+            [-1, 1]. Default 0.5.
+        bands: ``(warn, hack)`` levels of the gap, in reference standard deviations, ``0 < warn < hack <=
+            1``. Default (0.2, 0.4).
+        margin: Standard errors of the batch mean subtracted, in [0, 10]. Default 2.
+        window: Consecutive batches, the newest included, over which the gap must hold, in [1, 8]. Default 2.
+        reference_size: Reference completions kept (the first ones), in [8, 100,000]. Default 4096.
+    """
+
+    name: ClassVar[str] = "judge_gap"
+    needs: ClassVar[str] = "ensemble_scores (the trained reward first, then its judges)"
+    advice: ClassVar[str] = (
+        "the trained reward rises where its judges do not follow: the policy exploits the trained reward's "
+        "own errors; look at what its highest-scored completions share, fix the reward, or train on a "
+        "conservative ensemble reward (ensemble_reward(method='min' or 'uwo'))"
+    )
+    members: int | tuple[str, ...] | None = attrs.field(default=None)
+    min_agreement: float = attrs.field(default=0.5, validator=real(lo=-1.0, hi=1.0))
+    bands: tuple[float, float] = attrs.field(default=(0.2, 0.4), converter=_pair)
+    margin: float = attrs.field(default=2.0, validator=real(lo=0.0, hi=10.0))
+    window: int = attrs.field(default=2, validator=integer(lo=1, hi=8))
+    reference_size: int = attrs.field(default=4096, validator=integer(lo=8, hi=100_000))
+
+    def __attrs_post_init__(self) -> None:
+        """A trained reward and at least one judge; ordered bands."""
+        _check_members("judge_gap", self.members)
+        check_absolute_bands("bands", self.bands)
+
+    @property
+    def count(self) -> int | None:
+        """Number of members, when configured."""
+        return _member_count(self.members)
+
+    def metrics(self) -> tuple[Metric, ...]:
+        """The held lower bound of the gap, on absolute bands only."""
+        warn, hack = self.bands
+        return (
+            Metric(
+                "gap", "up", False, warn, hack, unit="{:.3g}", absolute=self.bands, baseline=False,
+            ),
+        )  # fmt: skip
+
+    def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
+        """Collect the reference sample; then the gap of this batch, held over the window."""
+        scores = data.observation.ensemble_scores
+        if scores is None or scores.shape[0] < 2:
+            return None
+        if not self._collect(memory, scores, data):
+            return {}
+        agreement = memory["agreement"]
+        judges = [
+            k
+            for k in range(1, len(agreement))
+            if agreement[k] is not None and agreement[k] >= self.min_agreement
+        ]
+        if agreement[0] is None or not judges or scores.shape[1] < 2:
+            return {}
+        r = np.asarray([agreement[k] for k in judges], dtype=np.float64)
+        reference = memory["reference"]
+        z = [_normal_scores(reference[k], scores[k]) for k in (0, *judges)]
+        ceilings = np.asarray([_ceiling(reference[k]) for k in judges], dtype=np.float64)
+        expected = np.minimum(r[:, None] * z[0], ceilings[:, None])  # no judge can confirm past its ceiling
+        per_sample = np.mean(expected - np.asarray(z[1:]), axis=0)
+        spread = float(np.std(per_sample, ddof=1)) / math.sqrt(len(per_sample))
+        bound = float(np.mean(per_sample)) - self.margin * spread
+        earlier = [float(value) for value in memory.get("previous", [])]
+        if self.window > 1:
+            memory["previous"] = [*earlier, bound][1 - self.window :]
+        if len(earlier) < self.window - 1:  # the window is not full yet: no batch trips it alone
+            return {}
+        return {"gap": min([bound, *earlier])}
+
+    def _collect(self, memory: dict[str, Any], scores: NDArray[np.float64], data: StepData) -> bool:
+        """Add the batch to the reference sample while it is open; True once it is closed (and read)."""
+        rows: list[list[float]] | None = memory.get("reference")
+        if rows is not None and len(rows) != scores.shape[0]:
+            msg = (
+                f"`ensemble_scores` must keep the members of the reference sample ({len(rows)} rows), got "
+                f"{scores.shape[0]} rows at step {data.observation.step}."
+            )
+            raise InputError(msg)
+        if memory.get("frozen"):
+            return True
+        batches = int(memory.get("batches", 0))
+        complete = memory.get("from_reference") or batches >= max(1, data.warmup_steps)
+        if rows is not None and not data.reference and complete:
+            self._freeze(memory)
+            return True
+        room = self.reference_size - (0 if rows is None else len(rows[0]))
+        taken = scores[:, : max(0, room)].tolist()
+        memory["reference"] = (
+            taken if rows is None else [old + new for old, new in zip(rows, taken, strict=True)]
+        )
+        memory["batches"] = batches + 1
+        memory["from_reference"] = bool(memory.get("from_reference")) or data.reference
+        memory.setdefault("frozen", False)
+        return False
+
+    def _freeze(self, memory: dict[str, Any]) -> None:
+        """Close the reference sample: each member's agreement with the trained reward; sorted scores."""
+        rows = [np.asarray(row, dtype=np.float64) for row in memory["reference"]]
+        z = np.asarray([_normal_scores(np.sort(row).tolist(), row) for row in rows])
+        agreement: list[float | None] = []
+        for k in range(len(rows)):
+            if np.ptp(z[0]) == 0.0 or np.ptp(z[k]) == 0.0:
+                agreement.append(None)
+            elif k == 0:
+                agreement.append(1.0)
+            else:
+                agreement.append(float(np.clip(np.corrcoef(z[0], z[k])[0, 1], -1.0, 1.0)))
+        memory["agreement"] = agreement
+        memory["reference"] = [np.sort(row).tolist() for row in rows]
+        memory["frozen"] = True
+
+    def on_warmup_end(self, memory: dict[str, Any]) -> None:
+        """Close the reference sample (collected from the warm-up when there was no reference sample)."""
+        if "reference" in memory and not memory.get("frozen"):
+            self._freeze(memory)
+
+    def on_rollback(self, memory: dict[str, Any]) -> None:
+        """The batches rolled back leave the window."""
+        memory.pop("previous", None)
+
+    def check_memory(self, memory: object, path: str) -> dict[str, Any]:
+        """Memory: the reference sample (per member; sorted with ``agreement`` once ``frozen``), the window.
+
+        ``reference``: each member's reference scores, column-aligned while the sample is open, sorted once
+        it is closed; ``batches``, ``from_reference``, ``frozen``; ``agreement``: each member's reference
+        correlation with the trained reward (None: no spread), once frozen; ``previous``: the window's
+        earlier lower bounds.
+        """
+        keys = ("reference", "batches", "from_reference", "frozen", "agreement", "previous")
+        fields = _memory_fields(memory, path, keys)
+        if not fields.names():
+            return {}
+        missing = [key for key in keys[:4] if key not in fields]
+        if missing:
+            msg = (
+                f"`{path}` must hold 'reference', 'batches', 'from_reference' and 'frozen', got no {missing}."
+            )
+            raise StateError(msg)
+        rows = fields.items("reference", max_length=MAX_ENSEMBLE_MEMBERS)
+        name = fields.name("reference")
+        reference = [
+            check_state_reals(f"{name}[{k}]", row, max_length=self.reference_size)
+            for k, row in enumerate(rows)
+        ]
+        count = self.count
+        if len(reference) < 2 or count not in (None, len(reference)) or not reference[0]:
+            expected = "at least 2" if count is None else str(count)
+            msg = f"`{name}` must hold one non-empty row per member ({expected}), got {len(reference)} rows."
+            raise StateError(msg)
+        if any(len(row) != len(reference[0]) for row in reference):
+            msg = f"`{name}` must hold rows of one length, got {sorted({len(row) for row in reference})}."
+            raise StateError(msg)
+        checked: dict[str, Any] = {
+            "reference": reference,
+            "batches": fields.integer("batches", lo=1),
+            "from_reference": fields.flag("from_reference"),
+            "frozen": fields.flag("frozen"),
+        }
+        if checked["frozen"] != ("agreement" in fields):
+            msg = f"`{path}` must hold 'agreement' exactly when frozen, got frozen={checked['frozen']}."
+            raise StateError(msg)
+        if checked["frozen"]:
+            if any(row != sorted(row) for row in reference):
+                msg = f"`{name}` must hold sorted rows once frozen."
+                raise StateError(msg)
+            values = fields.items("agreement", max_length=MAX_ENSEMBLE_MEMBERS)
+            agreement = [
+                None
+                if value is None
+                else check_state_reals(fields.name("agreement"), [value], lo=-1.0, hi=1.0)[0]
+                for value in values
+            ]
+            if len(agreement) != len(reference) or (agreement[0] is not None and agreement[0] != 1.0):
+                msg = (
+                    f"`{fields.name('agreement')}` must hold one correlation per member, the trained "
+                    f"reward's own 1 (or None) first, got {agreement!r}."
+                )
+                raise StateError(msg)
+            checked["agreement"] = agreement
+        if "previous" in fields:
+            checked["previous"] = check_state_reals(
+                fields.name("previous"), fields.raw("previous"), max_length=self.window - 1
+            )
+        return checked
+
+
+@functools.lru_cache(maxsize=64)
+def _probits(n: int) -> NDArray[np.float64]:
+    """``Phi^-1(m / (2 (n + 1)))`` for ``m = 1 .. 2n + 1``: the normal score of each mid-rank of ``n``."""
+    normal = statistics.NormalDist()
+    table = np.asarray([normal.inv_cdf(m / (2.0 * (n + 1))) for m in range(1, 2 * n + 2)], dtype=np.float64)
+    table.setflags(write=False)
+    return table
+
+
+def _ceiling(reference: Sequence[float]) -> float:
+    """The highest normal score a judge can give: its top reference score's, if several share it (a grade).
+
+    A judge whose best reference score was given once may score higher still (no ceiling is known).
+    """
+    n, top = len(reference), reference[-1]
+    tied = n - bisect.bisect_left(reference, top)
+    return float(_probits(n)[2 * n - tied]) if tied >= 2 else math.inf
+
+
+def _normal_scores(reference: Sequence[float], values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Each value's normal score among the sorted ``reference`` (its mid-rank's probit; see JudgeGap)."""
+    ordered = np.asarray(reference, dtype=np.float64)
+    below = np.searchsorted(ordered, values, side="left")
+    at_most = np.searchsorted(ordered, values, side="right")
+    scores: NDArray[np.float64] = _probits(len(ordered))[below + at_most]
+    return scores
 
 
 @attrs.frozen
@@ -1161,7 +1604,18 @@ class GoldAudit(Detector):
 
 _REGISTRY: dict[str, type[Detector]] = {
     cls.name: cls
-    for cls in (Repetition, Diversity, Takeover, Length, Collapse, RewardDrift, RMEnsemble, InfoRM, GoldAudit)
+    for cls in (
+        Repetition,
+        Diversity,
+        Takeover,
+        Length,
+        Collapse,
+        RewardDrift,
+        RMEnsemble,
+        JudgeGap,
+        InfoRM,
+        GoldAudit,
+    )
 }
 SIGNAL_NAMES: tuple[str, ...] = tuple(sorted(_REGISTRY))
 DEFAULT_SIGNALS: tuple[str, ...] = ("repetition", "diversity", "length", "collapse", "drift")

@@ -1034,6 +1034,11 @@ class Guard:
         self._reference_batches += 1
 
     @property
+    def seen(self) -> int:
+        """Training steps observed so far (the batches given to :meth:`add_reference` not counted)."""
+        return self._seen
+
+    @property
     def reference_batches(self) -> int:
         """Batches in the reference sample so far (given to :meth:`add_reference`, then the first steps)."""
         return self._reference_batches

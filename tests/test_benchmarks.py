@@ -95,3 +95,16 @@ def test_sharded_checkpoint_benchmark_quick(tmp_path):
     eight, sixty_four = report["estimate_7b"]["8"], report["estimate_7b"]["64"]
     assert eight["bytes_per_rank"] == pytest.approx(7.0e9 * 12 / 8)
     assert eight["restore_s"] == pytest.approx(8 * sixty_four["restore_s"])
+
+
+def test_false_alarm_benchmark_with_the_one_liners_judges(tmp_path, monkeypatch):
+    args = ["--runs", "1", "--hack-runs", "1", "--workers", "1", "--ensemble", "--out", str(tmp_path)]
+    _run("false_alarms.py", args, monkeypatch)
+    report = json.loads((tmp_path / "false_alarms_ensemble.json").read_text())
+    assert len(report["healthy"]) == 6
+    blind = [row for row in report["hacks"] if row["scenario"] == "judges blind"]
+    assert sorted((row["rewards"], row["batch"]) for row in blind) == [
+        ("bernoulli", 16), ("bernoulli", 64), ("gaussian", 16), ("gaussian", 64),
+    ]  # fmt: skip
+    gaussian = next(row for row in blind if row["rewards"] == "gaussian" and row["batch"] == 64)
+    assert gaussian["detected"] == 1  # the trained reward paid for what no judge sees: flagged after onset

@@ -22,8 +22,10 @@ from loopguard import (
     EscalationLadder,
     Guard,
     InfoRM,
+    JudgeGap,
     Observation,
     PIDLagrangian,
+    RMEnsemble,
     StateError,
 )
 from loopguard.adapters.loop import LoopGuard
@@ -46,24 +48,62 @@ def _embed(texts):
     return np.array([[text.count(c) for c in "w0123456789 "] for text in texts], dtype=float)
 
 
+def _judged(rewards, hacked=False):
+    """The trained reward, a judge on another scale (blind to the loop's bonus) and an unrelated function."""
+    wiggle = np.cos(np.arange(len(rewards)))
+    judge = 3.0 * (rewards - 2.0 * hacked) + 1.0 + 0.3 * wiggle
+    return [rewards, judge, 40.0 + 10.0 * np.sin(7.0 * np.arange(len(rewards)))]
+
+
 def _healthy(step, rng, *, beta=None):
     texts = [" ".join(rng.choice(WORDS, size=12)) for _ in range(B)]
-    return Observation(step, rng.normal(size=B), completions=texts, group_size=G, beta=beta, kl=0.02)
+    rewards = rng.normal(size=B)
+    return Observation(
+        step, rewards, completions=texts, group_size=G, beta=beta, kl=0.02, ensemble_scores=_judged(rewards)
+    )
 
 
 def _looping(step, rng, *, beta=None):
     texts = ["x y " * 6] * B
-    return Observation(step, rng.normal(size=B) + 2.0, completions=texts, group_size=G, beta=beta, kl=0.5)
+    rewards = rng.normal(size=B) + 2.0
+    return Observation(
+        step,
+        rewards,
+        completions=texts,
+        group_size=G,
+        beta=beta,
+        kl=0.5,
+        ensemble_scores=_judged(rewards, True),
+    )
 
 
 # Each factory builds a fresh object with one configuration; the same factory builds the twin.
 GUARDS = {
-    "kl_control": lambda: Guard(mode="kl_control", beta=0.01, warmup_steps=5, ladder=EscalationLadder(
-        rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=3)),
+    "kl_control": lambda: Guard(
+        mode="kl_control",
+        beta=0.01,
+        warmup_steps=5,
+        ladder=EscalationLadder(rollback_patience=2, stop_patience=2, max_rollbacks=1, cooldown_steps=3),
+    ),
     "pid": lambda: Guard(mode="pid_lagrangian", beta=0.01, warmup_steps=5),
-    "adaptive": lambda: Guard(mode="adaptive_kl", beta=0.01, warmup_steps=5, controller=AdaptiveKL(target=0.05)),
+    "adaptive": lambda: Guard(
+        mode="adaptive_kl", beta=0.01, warmup_steps=5, controller=AdaptiveKL(target=0.05)
+    ),
     "log_only_inform": lambda: Guard(
-        mode="log_only", warmup_steps=6, signals=["repetition", "drift", InfoRM(embed_fn=_embed, min_samples=3)]
+        mode="log_only",
+        warmup_steps=6,
+        signals=["repetition", "drift", InfoRM(embed_fn=_embed, min_samples=3)],
+    ),
+    "judges": lambda: Guard(
+        mode="log_only",
+        warmup_steps=5,
+        signals=["repetition", JudgeGap(members=3), RMEnsemble(min_agreement=0.5)],
+    ),
+    "judges_no_reference": lambda: Guard(
+        mode="log_only",
+        warmup_steps=5,
+        reference_steps=0,
+        signals=["repetition", JudgeGap(), RMEnsemble(standardize=True)],
     ),
 }
 
@@ -105,8 +145,34 @@ def _paths(tree, prefix=()):
 
 
 HOSTILE = st.one_of(
-    st.sampled_from([math.nan, math.inf, -math.inf, -1, 0, 1, -0.5, 0.5, 2, 1e308, 10**20, -(10**20), True,
-                     False, None, "", "0.1", "nan", [], {}, [1.0], {"x": 1}, [math.nan], [[]]]),
+    st.sampled_from(
+        [
+            math.nan,
+            math.inf,
+            -math.inf,
+            -1,
+            0,
+            1,
+            -0.5,
+            0.5,
+            2,
+            1e308,
+            10**20,
+            -(10**20),
+            True,
+            False,
+            None,
+            "",
+            "0.1",
+            "nan",
+            [],
+            {},
+            [1.0],
+            {"x": 1},
+            [math.nan],
+            [[]],
+        ]
+    ),
     st.floats(allow_nan=True, allow_infinity=True),
     st.integers(min_value=-(10**25), max_value=10**25),
     st.text(max_size=4),
@@ -142,7 +208,7 @@ def mutations(draw, state):
     elif op == "add_key":
         target[draw(st.sampled_from(["extra", "x", "", "version2"]))] = value
     elif op == "truncate":
-        del target[draw(st.integers(0, len(target) - 1)):]
+        del target[draw(st.integers(0, len(target) - 1)) :]
     else:
         target.append(value)
     return mutated, f"{op} at {list(path)} with {value!r}"
@@ -220,7 +286,9 @@ def _controller_state():
 
 def _controller_decide(controller, step, rng):
     controller.update(current_kl=0.02, n_steps=16)
-    return controller.observe(rng.normal(size=B), completions=[" ".join(rng.choice(WORDS, 8)) for _ in range(B)])
+    return controller.observe(
+        rng.normal(size=B), completions=[" ".join(rng.choice(WORDS, 8)) for _ in range(B)]
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -266,15 +334,22 @@ CONTROL_STATES = [
         lambda c: c.update(c.update(c.init(0.01), _vote(0.9))[1], _vote(0.2))[1],
     ),
     (AdaptiveKLState, AdaptiveKL(), lambda c: c.update(c.init(0.01), ControlInput(kl=9.0, batch_size=64))[1]),
-    (LadderState, EscalationLadder(rollback_patience=1, max_rollbacks=1), lambda c: c.update(
-        c.update(c.init(), hacking=True, can_rollback=True)[1], hacking=False)[1]),
+    (
+        LadderState,
+        EscalationLadder(rollback_patience=1, max_rollbacks=1),
+        lambda c: c.update(c.update(c.init(), hacking=True, can_rollback=True)[1], hacking=False)[1],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("state_type", "controller", "make"), CONTROL_STATES, ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    ("state_type", "controller", "make"), CONTROL_STATES, ids=lambda v: getattr(v, "__name__", "")
+)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
-def test_control_from_dict_refuses_with_state_error_or_builds_a_valid_state(state_type, controller, make, data):
+def test_control_from_dict_refuses_with_state_error_or_builds_a_valid_state(
+    state_type, controller, make, data
+):
     state = make(controller)
     mutated, _ = data.draw(mutations(state.to_dict()))
     rebuilt = []
@@ -294,7 +369,10 @@ def test_a_nan_baseline_is_refused_instead_of_reading_hack_every_step():
     state = json.loads(text)  # Python's json accepts NaN: a corrupted file can carry one
     state["detectors"]["repetition"]["baseline"]["rate"][0] = math.nan
     fresh = GUARDS["kl_control"]()
-    with pytest.raises(StateError, match=re.escape("`state['detectors']['repetition']['baseline']['rate'][0]` must be finite, got nan.")):
+    with pytest.raises(
+        StateError,
+        match=re.escape("`state['detectors']['repetition']['baseline']['rate'][0]` must be finite, got nan."),
+    ):
         fresh.load_state_dict(state)
     assert fresh.state_dict()["seen"] == 0  # nothing was applied
 
@@ -321,7 +399,9 @@ def test_a_string_value_never_reaches_the_engine_as_a_coefficient():
 
 def test_a_value_that_contradicts_the_guard_is_refused():
     state = _controller_state()
-    with pytest.raises(StateError, match=re.escape("`state['value']` must equal the Guard's beta 0.05, got 0.5.")):
+    with pytest.raises(
+        StateError, match=re.escape("`state['value']` must equal the Guard's beta 0.05, got 0.5.")
+    ):
         _controller_factory().load_state_dict({**state, "value": 0.5})
 
 
@@ -407,7 +487,9 @@ def test_a_version_1_guard_state_still_loads_with_a_fresh_episode():
     assert twin.onset is None
     assert twin.healthy
     expected = {**guard.state_dict(), "episode": twin.state_dict()["episode"], "reference_batches": 0}
-    expected["detectors"] = {name: {**memory, "reference": {}} for name, memory in expected["detectors"].items()}
+    expected["detectors"] = {
+        name: {**memory, "reference": {}} for name, memory in expected["detectors"].items()
+    }
     assert twin.state_dict() == expected
 
 
@@ -431,8 +513,14 @@ def test_a_version_2_guard_state_resumes_with_the_reference_sample_on():
 
 
 def test_a_state_from_another_controller_configuration_is_refused():
-    guard = _run(Guard(mode="kl_control", beta=0.01, warmup_steps=5, controller=BangBang(gain=10.0, beta_ceil=5.0)), 14, hack_from=6)
+    guard = _run(
+        Guard(mode="kl_control", beta=0.01, warmup_steps=5, controller=BangBang(gain=10.0, beta_ceil=5.0)),
+        14,
+        hack_from=6,
+    )
     state = guard.state_dict()
     assert state["beta"] > 1.0
-    with pytest.raises(StateError, match=re.escape("must be in this controller's [beta_floor, beta_ceil] = [1e-06, 1]")):
+    with pytest.raises(
+        StateError, match=re.escape("must be in this controller's [beta_floor, beta_ceil] = [1e-06, 1]")
+    ):
         Guard(mode="kl_control", beta=0.01, warmup_steps=5).load_state_dict(state)

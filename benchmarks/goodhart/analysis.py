@@ -306,7 +306,10 @@ def markdown(summary: dict[str, Any], header: str) -> str:
         ]
     bare = detection_rows(summary, (ONE_LINER,))
     if bare:
-        title = f"Detection by the bare one-liner (`{ONE_LINER}`: the default signals):"
+        title = (
+            f"Detection by the bare one-liner (`{ONE_LINER}`: the default signals, and judge_gap over the "
+            "watched reward models):"
+        )
         lines += ["", title, "", *head, *bare]
     off = detection_rows(summary, (NO_REFERENCE,))
     if off:

@@ -352,6 +352,14 @@ def _weights(trainer: Any, count: int) -> list[float]:
     return [1.0] * count
 
 
+def trained_and_watched(trainer: Any, names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The reward functions ``names`` split into those trained on (weight != 0) and watched (weight 0)."""
+    weights = _weights(trainer, len(names))
+    trained = [name for name, weight in zip(names, weights, strict=True) if weight != 0]
+    watched = [name for name, weight in zip(names, weights, strict=True) if weight == 0]
+    return trained, watched
+
+
 @attrs.frozen
 class _Part:
     """One generation batch (or one tapped call) as read: every row, scorable or not."""

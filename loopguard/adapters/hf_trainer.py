@@ -84,7 +84,14 @@ from loopguard.adapters._beta import (
 from loopguard.adapters._binding import checkpoint_dir, find_trainer, holds, move_first
 from loopguard.adapters._console import Console, alert, takes_text
 from loopguard.adapters._distributed import RankSync, synced_restore, synced_step
-from loopguard.adapters._observe import Batch, GenerationSource, MetricSource, TapSource, choose_source
+from loopguard.adapters._observe import (
+    Batch,
+    GenerationSource,
+    MetricSource,
+    TapSource,
+    choose_source,
+    trained_and_watched,
+)
 from loopguard.adapters._respond import (
     default_manager,
     penalise_rewards,
@@ -97,7 +104,16 @@ from loopguard.adapters._rollback import Parts, RollbackStore, open_manager, req
 from loopguard.adapters._run_scope import Run, default_store_dir, resolve_run, write_run_file
 from loopguard.adapters._tap import TappedReward, is_tapped
 from loopguard.control import EscalationLadder
-from loopguard.detectors import HACK_LEVEL, WARN_LEVEL, GoldAudit, InfoRM, Repetition, RMEnsemble
+from loopguard.detectors import (
+    DEFAULT_SIGNALS,
+    HACK_LEVEL,
+    WARN_LEVEL,
+    GoldAudit,
+    InfoRM,
+    JudgeGap,
+    Repetition,
+    RMEnsemble,
+)
 from loopguard.exceptions import (
     ConfigError,
     LoopguardError,
@@ -424,16 +440,22 @@ def _worse(current: float | None, new: float) -> float:
     return new if current is None else max(current, new)
 
 
-def _guard_of(mode: object, guard: object, on_error: OnError, rollback: bool | None) -> Guard:
+def _guard_of(
+    mode: object,
+    guard: object,
+    on_error: OnError,
+    rollback: bool | None,
+    signals: Sequence[str | JudgeGap] | None = None,
+) -> Guard:
     """The mitigator's Guard: the one given, or the ``mode`` preset (default ``"kl_control"``).
 
     A preset that changes beta gets the default :class:`EscalationLadder` (rollback, targeted penalty, stop)
-    unless ``rollback=False``.
+    unless ``rollback=False``; ``signals`` (a preset only) replaces the default signals.
     """
     if guard is None:
         chosen = mode or "kl_control"
         ladder = EscalationLadder() if rollback is not False and chosen != "log_only" else None
-        return Guard(mode=chosen, ladder=ladder, on_error=on_error)  # type: ignore[arg-type]
+        return Guard(signals, mode=chosen, ladder=ladder, on_error=on_error)  # type: ignore[arg-type]
     if rollback is not None:
         msg = (
             f"`rollback` must be None when a guard is given (its ladder decides: Guard(..., "
@@ -595,6 +617,8 @@ class RewardHackMitigator(_Observer):
         if rollback is not None:
             rollback = check_bool("rollback", rollback)
         self.guard = _guard_of(mode, guard, on_error, rollback)
+        # the preset's arguments: at the start of training it may add the trainer's watched reward functions
+        self._preset = None if guard is not None else (mode, on_error, rollback)
         ladder = self.guard.ladder
         for detector in self.guard.detectors:
             if isinstance(detector, InfoRM) and detector.embed_fn is None:
@@ -752,6 +776,7 @@ class RewardHackMitigator(_Observer):
                 "trainer's reward_funcs)."
             )
             raise ConfigError(msg)
+        self._watch_judges(trainer)
         self._members = self._ensemble_members(trainer)
         if isinstance(self._source, GenerationSource):
             _check_raw_rewards_logged(trainer)
@@ -837,19 +862,61 @@ class RewardHackMitigator(_Observer):
         )
         self._log.append(record)
 
+    def _watch_judges(self, trainer: Any) -> None:
+        """The preset Guard also reads the trainer's watched reward functions (weight 0) as judges.
+
+        A reward function that a TRL trainer scores with weight 0 is logged, not trained on: the user's
+        second opinion on the completions. With exactly one trained function, the preset Guard gains the
+        ``judge_gap`` signal over it and the watched ones (:class:`~loopguard.detectors.JudgeGap`: the
+        trained reward rising beyond what its judges confirm; a watched function whose reference scores
+        correlate with the trained one's below 0.5 is left out: it measures something else). A Guard given
+        by the user, a Guard that has already stepped, or several trained functions (which one a judge
+        judges is not known) get none; the last is said at the start.
+        """
+        if self._preset is None or self._source is None or self.guard.reference_batches or self.guard.seen:
+            return
+        trained, watched = trained_and_watched(trainer, self._source.function_names())
+        if not watched:
+            return
+        listed = ", ".join(watched)
+        if len(trained) != 1:
+            self._console.status(
+                logging.INFO,
+                f"loopguard: the watched reward functions ({listed}; weight 0) are not read as judges: the "
+                f"trainer trains on {len(trained)} reward functions, and which one they judge is not known "
+                "(name them: guard=Guard([..., JudgeGap(members=(trained, *watched))])).",
+            )
+            return
+        mode, on_error, rollback = self._preset
+        judges = JudgeGap(members=(trained[0], *watched))
+        self.guard = _guard_of(mode, None, on_error, rollback, signals=[*DEFAULT_SIGNALS, judges])
+        self._console.status(
+            logging.INFO,
+            f"loopguard: reading the watched reward functions {listed} (weight 0) as judges of {trained[0]} "
+            f"(signal judge_gap; a judge whose reference scores correlate with {trained[0]}'s below "
+            f"{judges.min_agreement:g} is left out). To choose the signals yourself: guard=Guard([...]).",
+        )
+
     def _ensemble_members(self, trainer: Any) -> tuple[str, ...] | None:
-        detector = next((d for d in self.guard.detectors if isinstance(d, RMEnsemble)), None)
-        if detector is None or self._source is None:
+        readers = [d for d in self.guard.detectors if isinstance(d, (RMEnsemble, JudgeGap))]
+        if not readers or self._source is None:
             return None
+        detector = readers[0]
+        if len(readers) > 1 and readers[1].members != detector.members:
+            msg = (
+                "`RMEnsemble(members=...)` and `JudgeGap(members=...)` must name the same reward functions "
+                f"(one ensemble is read each step), got {detector.members!r} and {readers[1].members!r}."
+            )
+            raise ConfigError(msg)
         names = self._source.function_names()
-        members = detector.members
+        members, kind = detector.members, type(detector).__name__
         if members is None or (isinstance(members, int) and members == len(names)):
             chosen = names
         elif isinstance(members, tuple):
             missing = [name for name in members if name not in names]
             if missing:
                 msg = (
-                    "`RMEnsemble(members=...)` must name reward functions of the trainer "
+                    f"`{kind}(members=...)` must name reward functions of the trainer "
                     f"({', '.join(names)}), "
                     f"got unknown {', '.join(repr(name) for name in missing)}."
                 )
@@ -857,13 +924,13 @@ class RewardHackMitigator(_Observer):
             chosen = members
         else:
             msg = (
-                f"`RMEnsemble(members={members})` must name the trainer's reward functions to use (it has "
+                f"`{kind}(members={members})` must name the trainer's reward functions to use (it has "
                 f"{len(names)}: {', '.join(names)}), got a count that does not match."
             )
             raise ConfigError(msg)
         if len(chosen) < 2:
             msg = (
-                "signal 'rm_ensemble' needs at least 2 reward functions to compare, got "
+                f"signal {detector.name!r} needs at least 2 reward functions to compare, got "
                 f"{len(chosen)} ({', '.join(chosen) or 'none'}): add watched members with weight 0."
             )
             raise ConfigError(msg)

@@ -1,11 +1,14 @@
 """EchoTrapCallback on a real GRPO run, and signals built from the trainer's own reward functions."""
 
+import logging
+
 import numpy as np
 import pytest
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 
-from loopguard import EchoTrapCallback, GoldAudit, Guard, RewardHackMitigator, RMEnsemble
+from loopguard import EchoTrapCallback, GoldAudit, Guard, JudgeGap, RewardHackMitigator, RMEnsemble
 from loopguard.adapters.hf_trainer import EchoTrapCallback as Direct
+from loopguard.detectors import DEFAULT_SIGNALS
 
 
 def test_echo_trap_halts_a_real_echo_trap(model_dir, tokenizer, tmp_path):
@@ -83,3 +86,79 @@ def test_gold_audit_with_a_judge(model_dir, tokenizer, tmp_path):
     assert len(calls) == 15
     records = decisions(tmp_path)
     assert records[-1]["signals"]["gold"] >= 0.3  # gold fell while the proxy rose
+
+
+class _Lines(logging.Handler):
+    """The loopguard logger's lines."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def lines():
+    handler = _Lines()
+    logger = logging.getLogger("loopguard")
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)
+
+
+def test_the_one_liner_reads_watched_reward_functions_as_judges(model_dir, tokenizer, tmp_path, lines):
+    # the reward pays for every "x" from step 8; the watched judge (weight 0) does not
+    def judge(completions, **kwargs):
+        return [len(set(text.split())) / 8 for text in completions]
+
+    mitigator = RewardHackMitigator()
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(8), judge], max_steps=24, reward_weights=[1.0, 0.0],
+        log_level="info",
+    )  # fmt: skip
+    trainer.add_callback(mitigator)
+    trainer.train()
+
+    detector = next(d for d in mitigator.guard.detectors if isinstance(d, JudgeGap))
+    assert detector.members == ("echo_reward", "judge")
+    assert [d.name for d in mitigator.guard.detectors] == [*DEFAULT_SIGNALS, "judge_gap"]
+    assert any("reading the watched reward functions judge (weight 0) as judges of echo_reward" in line for line in lines)
+    records = decisions(tmp_path)
+    gap = {r["step"]: r["signals"].get("judge_gap.gap") for r in records}
+    before = [value for step, value in gap.items() if step < 8 and value is not None]
+    assert before  # read after the reference sample (3 steps) and the window (2)
+    assert max(before) < 0.2  # the reward and its judge agree before the flaw
+    after = [value for step, value in gap.items() if step >= 8 and value is not None]
+    assert max(after) >= 0.4  # HACK level: the reward pays for what the judge does not confirm
+
+
+def test_no_judges_without_a_single_trained_function(model_dir, tokenizer, tmp_path, lines):
+    def judge(completions, **kwargs):
+        return [len(set(text.split())) / 8 for text in completions]
+
+    def second(completions, **kwargs):
+        return [0.1 * len(text.split()) for text in completions]
+
+    trained_both = RewardHackMitigator()
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path / "a", [make_echo_reward(8), judge], max_steps=1, reward_weights=[1.0, 1.0],
+        log_level="info",
+    )  # fmt: skip
+    trainer.add_callback(trained_both)
+    trainer.train()
+    assert [d.name for d in trained_both.guard.detectors] == list(DEFAULT_SIGNALS)  # nothing is watched
+
+    two_trained = RewardHackMitigator()
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path / "b", [make_echo_reward(8), second, judge], max_steps=1,
+        reward_weights=[1.0, 0.5, 0.0], log_level="info",
+    )  # fmt: skip
+    trainer.add_callback(two_trained)
+    trainer.train()
+    assert [d.name for d in two_trained.guard.detectors] == list(DEFAULT_SIGNALS)
+    assert any(
+        "watched reward functions (judge; weight 0) are not read as judges: the trainer trains on 2" in line
+        for line in lines
+    )

@@ -1,0 +1,239 @@
+"""Reward models read together: RMEnsemble's standardised disagreement and JudgeGap's one-sided gap.
+
+The streams are synthetic GRPO batches whose completions have a quality ``q``; the trained reward and its
+judges score ``q`` on their own scales, with their own noise. In a healthy run ``q``'s mean rises (the policy
+improves); in a hacked one, the trained reward also pays a bonus that the judges do not see.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from loopguard import ConfigError, Guard, InputError, JudgeGap, Observation, RMEnsemble, StateError
+from loopguard.detectors import StepData
+
+STEPS, ONSET = 160, 80
+
+
+def _stream(
+    seed, *, batch=16, gain=2.0, hack=False, binary=False, judges=("linear", "logistic", "unrelated")
+):
+    """Per step: (trained rewards, [trained, *judges] scores) for a run whose quality rises by ``gain`` SDs."""
+    rng = np.random.default_rng(seed)
+    for step in range(STEPS):
+        q = rng.normal(gain * step / STEPS, 1.0, batch)
+        trained = q + rng.normal(0.0, 0.3, batch)
+        if binary:
+            trained = (trained > 0).astype(float)
+        if hack and step >= ONSET:  # a bonus on a growing share of completions, which no judge sees
+            share = min(1.0, 0.02 * (step - ONSET + 1))
+            trained = trained + (rng.random(batch) < share) * (0.5 if binary else 1.0)
+        rows = [trained]
+        for kind in judges:
+            if kind == "linear":  # another scale and offset
+                rows.append(5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch))
+            elif kind == "logistic":  # a probability: compresses at the top
+                rows.append(1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch))
+            else:  # a logged function that measures something else (a length)
+                rows.append(rng.normal(40.0, 10.0, batch))
+        yield step, trained, rows
+
+
+def _first_hack(detector, seed, **stream):
+    guard = Guard([detector], mode="log_only")
+    for step, rewards, rows in _stream(seed, **stream):
+        if guard.step(Observation(step, rewards, ensemble_scores=rows)).verdict == "HACK":
+            return step
+    return None
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["gaussian", "pass-fail"])
+def test_judge_gap_stays_quiet_while_a_run_improves_healthily(binary):
+    # a judge on another scale, a saturating judge, an unrelated logged function; a pass/fail trained reward
+    # saturates while the judges keep rising: none of it is the trained reward outrunning its judges
+    for seed in range(6):
+        assert _first_hack(JudgeGap(members=4), seed, binary=binary) is None, seed
+
+
+def test_judge_gap_flags_a_bonus_the_judges_do_not_see():
+    # a bonus of one reference SD on a share of completions growing 2 % a step, while the run improves: HACK
+    # once most of the batch is paid for what the judges do not see (the lower bound needs ~0.6 SD at B = 16)
+    first = [_first_hack(JudgeGap(members=4), seed, hack=True, gain=1.0) for seed in range(6)]
+    assert all(step is not None and ONSET <= step <= ONSET + 70 for step in first), first
+
+
+def test_the_symmetric_disagreement_reads_a_saturating_judge_as_a_hack():
+    # why the mitigator's own judges use JudgeGap: the same healthy runs trip the variance across members
+    tripped = [
+        _first_hack(RMEnsemble(members=4, standardize=True, min_agreement=0.5), seed) for seed in range(4)
+    ]
+    assert all(step is not None for step in tripped), tripped
+
+
+def test_standardised_disagreement_ignores_scale_and_offset_where_raw_variance_trips():
+    linear_only = {"judges": ("linear",)}
+    for seed in range(4):
+        assert _first_hack(RMEnsemble(members=2, standardize=True), seed, **linear_only) is None, seed
+    raw = [_first_hack(RMEnsemble(members=2), seed, **linear_only) for seed in range(4)]  # the default: raw
+    assert all(step is not None for step in raw), raw
+    # and it still sees the hack
+    assert _first_hack(RMEnsemble(members=2, standardize=True), 0, hack=True, **linear_only) is not None
+
+
+def _reference_then(detector, reference_batches, batch):
+    memory = {}
+    for index, scores in enumerate(reference_batches):
+        observation = Observation(index, scores[0], ensemble_scores=scores)
+        detector.measure(StepData(observation, warmup_steps=8, reference=True), memory)
+    observation = Observation(len(reference_batches), batch[0], ensemble_scores=batch)
+    return detector.measure(StepData(observation, warmup_steps=8), memory), memory
+
+
+def _normal_scores_by_hand(reference, values):
+    """The probit of each value's mid-rank among ``reference`` (scipy's normal quantile, counted by hand)."""
+    n = len(reference)
+    return np.array(
+        [
+            norm.ppf((sum(r < v for r in reference) + sum(r <= v for r in reference) + 1) / (2 * (n + 1)))
+            for v in values
+        ]
+    )
+
+
+def test_rm_ensemble_pools_the_reference_moments_exactly():
+    rng = np.random.default_rng(3)
+    reference = [
+        np.array([x, 2.0 * x + rng.normal(0, 0.5, 12)]) for x in (rng.normal(size=12) for _ in range(3))
+    ]
+    new = np.array([rng.normal(size=12), rng.normal(size=12)])
+    raw, memory = _reference_then(RMEnsemble(members=2, standardize=True), reference, new)
+    pooled = np.concatenate(reference, axis=1)
+    np.testing.assert_allclose(memory["mean"], pooled.mean(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(np.sqrt(np.array(memory["m2"]) / 36), pooled.std(axis=1), rtol=1e-12)
+    z = (new - pooled.mean(axis=1, keepdims=True)) / pooled.std(axis=1, keepdims=True)
+    assert raw["disagreement"] == pytest.approx(float(np.mean(np.var(z, axis=0))), rel=1e-9)
+
+
+def test_the_gap_by_hand():
+    rng = np.random.default_rng(3)
+    q = [rng.normal(size=12) for _ in range(3)]
+    # a judge on another scale, a pass/fail judge (a ceiling: many reference completions pass), an unrelated one
+    reference = [
+        np.array([x, 2.0 * x + rng.normal(0, 0.5, 12), (x > -0.3) * 1.0, rng.normal(size=12)]) for x in q
+    ]
+    new = np.array([q[0] + 1.0, 2.0 * q[0] + 0.5, np.ones(12), rng.normal(size=12)])
+    raw, memory = _reference_then(JudgeGap(members=4, window=1), reference, new)
+
+    pooled = np.concatenate(reference, axis=1)
+    z_ref = [_normal_scores_by_hand(row, row) for row in pooled]
+    r = [np.corrcoef(z_ref[0], z_ref[k])[0, 1] for k in range(4)]
+    np.testing.assert_allclose(memory["agreement"][1:], r[1:], rtol=1e-9)
+    judges = [k for k in (1, 2, 3) if r[k] >= 0.5]
+    assert judges == [1, 2], r  # the unrelated fourth member is left out
+    z = [_normal_scores_by_hand(pooled[k], new[k]) for k in range(4)]
+    passed = int(pooled[2].sum())
+    ceiling = norm.ppf((2 * 36 - passed + 1) / (2 * 37))  # the mid-rank of the passes: the judge's top
+    expected_judge = [np.minimum(r[1] * z[0], np.inf), np.minimum(r[2] * z[0], ceiling)]
+    per_sample = np.mean([expected_judge[0] - z[1], expected_judge[1] - z[2]], axis=0)
+    expected = per_sample.mean() - 2.0 * per_sample.std(ddof=1) / math.sqrt(12)
+    assert raw["gap"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_rm_ensemble_min_agreement_leaves_an_unrelated_member_out():
+    rng = np.random.default_rng(4)
+    q = [rng.normal(size=10) for _ in range(3)]
+    reference = [np.array([x, 3.0 * x + rng.normal(0, 0.3, 10), rng.normal(size=10)]) for x in q]
+    new = np.array([q[1] + 0.5, 3.0 * q[1], 5.0 * rng.normal(size=10)])
+    raw, _ = _reference_then(RMEnsemble(standardize=True, min_agreement=0.5), reference, new)
+    pooled = np.concatenate(reference, axis=1)[:2]
+    z = (new[:2] - pooled.mean(axis=1, keepdims=True)) / pooled.std(axis=1, keepdims=True)
+    assert raw["disagreement"] == pytest.approx(float(np.mean(np.var(z, axis=0))), rel=1e-9)
+
+
+def test_a_judge_with_no_reference_spread_is_taken_at_the_median_spread():
+    reference = [np.array([[0.0, 1.0, 2.0, 3.0], [0.0, 2.0, 4.0, 6.0], [5.0, 5.0, 5.0, 5.0]])] * 3
+    new = np.array([[1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 8.0], [6.0, 6.0, 6.0, 6.0]])
+    raw, _ = _reference_then(RMEnsemble(standardize=True), reference, new)
+    spreads = np.array([np.std([0, 1, 2, 3]), np.std([0, 2, 4, 6])])
+    typical = float(np.median(spreads))
+    z = np.array([(new[0] - 1.5) / spreads[0], (new[1] - 3.0) / spreads[1], (new[2] - 5.0) / typical])
+    assert raw["disagreement"] == pytest.approx(float(np.mean(np.var(z, axis=0))), rel=1e-9)
+
+
+def test_judge_gap_needs_a_trained_reward_with_a_spread_and_a_judge_that_agrees():
+    flat = [np.array([[1.0] * 6, [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]])] * 3
+    raw, memory = _reference_then(JudgeGap(), flat, np.array([[2.0] * 6, [1.0] * 6]))
+    assert raw == {}  # nothing is scored: the trained reward never varied on the reference sample
+    assert memory["agreement"] == [None, None]
+    against = [np.array([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]])] * 3
+    raw, memory = _reference_then(JudgeGap(), against, np.array([[4.0, 5.0, 6.0, 7.0], [0.0, 0.0, 0.0, 0.0]]))
+    assert raw == {}  # the only judge ranks the reference samples the other way: it is not a judge of this
+    assert memory["agreement"] == [1.0, pytest.approx(-1.0)]
+
+
+def test_the_window_holds_the_lowest_bound_and_a_rollback_empties_it():
+    guard = Guard([JudgeGap(members=2)], mode="log_only", warmup_steps=3)
+    rng = np.random.default_rng(5)
+    for step in range(3):
+        q = rng.normal(size=16)
+        guard.step(Observation(step, q, ensemble_scores=[q, 2 * q + rng.normal(0, 0.2, 16)]))
+    q = rng.normal(size=16)
+    calm = guard.step(Observation(3, q, ensemble_scores=[q, 2 * q]))
+    spike = guard.step(Observation(4, q + 3.0, ensemble_scores=[q + 3.0, 2 * q]))
+    assert (calm.verdict, spike.verdict) == ("OK", "OK")  # one batch alone cannot trip it: the lower bound
+    held = guard.step(Observation(5, q + 3.0, ensemble_scores=[q + 3.0, 2 * q]))
+    assert held.verdict == "HACK"
+    detector = guard.detectors[0]
+    memory = guard.state_dict()["detectors"]["judge_gap"]["memory"]
+    assert len(memory["previous"]) == 1
+    working = dict(memory)
+    detector.on_rollback(working)
+    assert "previous" not in working
+
+
+def test_bad_configuration_and_inputs_are_refused_with_the_rule():
+    with pytest.raises(ConfigError, match="`members` of judge_gap must be at least 2"):
+        JudgeGap(members=1)
+    with pytest.raises(ConfigError, match="warn < hack"):
+        JudgeGap(bands=(0.5, 0.25))
+    with pytest.raises(ConfigError, match="min_agreement"):
+        JudgeGap(min_agreement=1.5)
+    with pytest.raises(ConfigError, match="min_agreement"):
+        RMEnsemble(min_agreement=-2.0)
+    memory = {}
+    scores = np.array([[0.0, 1.0, 2.0], [1.0, 2.0, 4.0]])
+    JudgeGap().measure(StepData(Observation(0, scores[0], ensemble_scores=scores), warmup_steps=2), memory)
+    three = np.vstack([scores, scores[:1]])
+    with pytest.raises(InputError, match=r"must keep the members of the reference sample \(2 rows\), got 3"):
+        JudgeGap().measure(StepData(Observation(1, scores[0], ensemble_scores=three), warmup_steps=2), memory)
+
+
+def test_a_saved_memory_that_no_run_could_write_is_refused():
+    reference = [np.array([[0.0, 1.0, 2.0, 3.0], [0.0, 2.0, 4.0, 7.0]])] * 2
+    _, memory = _reference_then(JudgeGap(members=2), reference, reference[0])
+    detector = JudgeGap(members=2)
+    assert memory["frozen"]
+    assert detector.check_memory(memory, "m") == memory
+    with pytest.raises(StateError, match="sorted rows once frozen"):
+        detector.check_memory(
+            dict(memory, reference=[memory["reference"][0][::-1], memory["reference"][1]]), "m"
+        )
+    with pytest.raises(StateError, match="one non-empty row per member"):
+        JudgeGap(members=3).check_memory(memory, "m")
+    with pytest.raises(StateError, match="rows of one length"):
+        detector.check_memory(dict(memory, reference=[[0.0, 1.0], [0.0, 1.0, 2.0]]), "m")
+    with pytest.raises(StateError, match="'agreement' exactly when frozen"):
+        detector.check_memory(dict(memory, frozen=False), "m")
+    with pytest.raises(StateError, match="the trained reward's own 1"):
+        detector.check_memory(dict(memory, agreement=[0.5, 0.5]), "m")
+    with pytest.raises(StateError, match="got no"):
+        detector.check_memory({"previous": [0.1]}, "m")
+    rm = RMEnsemble(members=2, standardize=True)
+    _, moments = _reference_then(rm, reference, reference[0])
+    assert rm.check_memory(moments, "m") == moments
+    with pytest.raises(StateError, match=r"co\[0\] == m2\[0\]"):
+        rm.check_memory(dict(moments, co=[moments["co"][0] + 1.0, moments["co"][1]]), "m")
+    with pytest.raises(StateError, match="together, got no"):
+        rm.check_memory({key: value for key, value in moments.items() if key != "m2"}, "m")
