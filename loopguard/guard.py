@@ -495,8 +495,8 @@ class Guard:
 
     Args:
         signals: Signal names or detector configs from :mod:`loopguard.detectors` (``"repetition"``,
-            ``"diversity"``, ``"length"``, ``"collapse"``, ``"drift"``, ``"rm_ensemble"``, ``"info_rm"``,
-            ``"gold"``). ``None`` uses the signals every trainer can feed: repetition, diversity, length,
+            ``"diversity"``, ``"takeover"``, ``"length"``, ``"collapse"``, ``"drift"``, ``"rm_ensemble"``,
+            ``"judge_gap"``, ``"info_rm"``, ``"gold"``). ``None`` uses the signals every trainer can feed: repetition, diversity, length,
             collapse and drift; a default signal whose input is missing in a step is skipped for that step
             (noted once). A signal named explicitly must be configurable (e.g. ``InfoRM`` needs an embedding
             source), which is checked here.
@@ -608,7 +608,7 @@ class Guard:
         if self.halt_on_hack and not any(d.role == "primary" for d in voters):
             msg = (
                 "`halt_on_hack` needs at least one detector that can trip on its own "
-                "(repetition, diversity, rm_ensemble, info_rm or gold), got signals "
+                "(repetition, diversity, takeover, rm_ensemble, judge_gap, info_rm or gold), got signals "
                 f"{[d.name for d in self.detectors]}."
             )
             raise ConfigError(msg)

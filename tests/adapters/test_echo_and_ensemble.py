@@ -1,5 +1,6 @@
 """EchoTrapCallback on a real GRPO run, and signals built from the trainer's own reward functions."""
 
+import json
 import logging
 
 import numpy as np
@@ -162,3 +163,31 @@ def test_no_judges_without_a_single_trained_function(model_dir, tokenizer, tmp_p
         "watched reward functions (judge; weight 0) are not read as judges: the trainer trains on 2" in line
         for line in lines
     )
+
+
+def test_the_one_liners_judges_resume_with_their_reference_sample(model_dir, tokenizer, tmp_path):
+    def judge(completions, **kwargs):
+        return [len(set(text.split())) / 8 for text in completions]
+
+    def run(max_steps, **overrides):
+        mitigator = RewardHackMitigator()
+        trainer = grpo_trainer(
+            model_dir, tokenizer, tmp_path, [make_echo_reward(100), judge], max_steps=max_steps,
+            reward_weights=[1.0, 0.0], **overrides,
+        )  # fmt: skip
+        trainer.add_callback(mitigator)
+        return mitigator, trainer
+
+    _, trainer = run(8, save_strategy="steps", save_steps=8)
+    trainer.train()
+    saved = json.loads((tmp_path / "checkpoint-8" / "loopguard_state.json").read_text())
+    memory = saved["guard"]["detectors"]["judge_gap"]["memory"]
+    assert memory["frozen"]  # the reference sample (3 batches of 16) was closed and saved
+    assert len(memory["reference"][0]) == 48
+
+    second, resumed = run(10, save_strategy="no")
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-8"))
+    assert [d.name for d in second.guard.detectors][-1] == "judge_gap"
+    after = second.guard.state_dict()
+    assert after["seen"] == saved["guard"]["seen"] + 2
+    assert after["detectors"]["judge_gap"]["memory"]["reference"] == memory["reference"]  # not learnt again
