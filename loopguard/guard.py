@@ -496,8 +496,9 @@ class Guard:
     Args:
         signals: Signal names or detector configs from :mod:`loopguard.detectors` (``"repetition"``,
             ``"diversity"``, ``"takeover"``, ``"length"``, ``"collapse"``, ``"drift"``, ``"rm_ensemble"``,
-            ``"judge_gap"``, ``"info_rm"``, ``"gold"``). ``None`` uses the signals every trainer can feed: repetition, diversity, length,
-            collapse and drift; a default signal whose input is missing in a step is skipped for that step
+            ``"judge_gap"``, ``"info_rm"``, ``"gold"``). ``None`` uses the signals every trainer can feed:
+            repetition, diversity, length, collapse and drift; a default signal whose input is missing in a
+            step is skipped for that step
             (noted once). A signal named explicitly must be configurable (e.g. ``InfoRM`` needs an embedding
             source), which is checked here.
         mode: A shorthand for a controller with its defaults: ``"kl_control"`` (:class:`BangBang`; the default

@@ -776,7 +776,7 @@ class RewardHackMitigator(_Observer):
                 "trainer's reward_funcs)."
             )
             raise ConfigError(msg)
-        self._watch_judges(trainer)
+        self._watch_judges(trainer, args, state)
         self._members = self._ensemble_members(trainer)
         if isinstance(self._source, GenerationSource):
             _check_raw_rewards_logged(trainer)
@@ -862,7 +862,7 @@ class RewardHackMitigator(_Observer):
         )
         self._log.append(record)
 
-    def _watch_judges(self, trainer: Any) -> None:
+    def _watch_judges(self, trainer: Any, args: TrainingArguments, state: TrainerState) -> None:
         """The preset Guard also reads the trainer's watched reward functions (weight 0) as judges.
 
         A reward function that a TRL trainer scores with weight 0 is logged, not trained on: the user's
@@ -871,7 +871,8 @@ class RewardHackMitigator(_Observer):
         trained reward rising beyond what its judges confirm; a watched function whose reference scores
         correlate with the trained one's below 0.5 is left out: it measures something else). A Guard given
         by the user, a Guard that has already stepped, or several trained functions (which one a judge
-        judges is not known) get none; the last is said at the start.
+        judges is not known) get none; the last is said at the start. A run resumed from a state saved
+        without judges resumes as it was saved (said at the start).
         """
         if self._preset is None or self._source is None or self.guard.reference_batches or self.guard.seen:
             return
@@ -887,6 +888,14 @@ class RewardHackMitigator(_Observer):
                 "(name them: guard=Guard([..., JudgeGap(members=(trained, *watched))])).",
             )
             return
+        saved = self._saved_signals(args, state)
+        if saved is not None and JudgeGap.name not in saved:
+            self._console.status(
+                logging.INFO,
+                f"loopguard: the state being resumed was saved without judges, so this run goes on as it was "
+                f"saved: the watched reward functions ({listed}) are not read as judges.",
+            )
+            return
         mode, on_error, rollback = self._preset
         judges = JudgeGap(members=(trained[0], *watched))
         self.guard = _guard_of(mode, None, on_error, rollback, signals=[*DEFAULT_SIGNALS, judges])
@@ -896,6 +905,20 @@ class RewardHackMitigator(_Observer):
             f"(signal judge_gap; a judge whose reference scores correlate with {trained[0]}'s below "
             f"{judges.min_agreement:g} is left out). To choose the signals yourself: guard=Guard([...]).",
         )
+
+    def _saved_signals(self, args: TrainingArguments, state: TrainerState) -> list[Any] | None:
+        """The signals of the Guard state this run resumes from (None: a fresh run, or none readable).
+
+        A state that cannot be read is left to :meth:`_resume`, which refuses it loudly.
+        """
+        if state.global_step <= 0:
+            return None
+        path = os.path.join(self._resume_from or checkpoint_dir(args, state), STATE_FILE)
+        try:
+            signals = read_state_file(path)["guard"]["config"]["signals"]
+        except (OSError, LoopguardError, KeyError, TypeError):
+            return None
+        return signals if isinstance(signals, list) else None
 
     def _ensemble_members(self, trainer: Any) -> tuple[str, ...] | None:
         readers = [d for d in self.guard.detectors if isinstance(d, (RMEnsemble, JudgeGap))]

@@ -191,3 +191,27 @@ def test_the_one_liners_judges_resume_with_their_reference_sample(model_dir, tok
     after = second.guard.state_dict()
     assert after["seen"] == saved["guard"]["seen"] + 2
     assert after["detectors"]["judge_gap"]["memory"]["reference"] == memory["reference"]  # not learnt again
+
+
+def test_a_run_saved_without_judges_resumes_as_it_was_saved(model_dir, tokenizer, tmp_path, lines):
+    # a checkpoint whose Guard had no judges (the run had no watched function then); a watched one added on
+    # resume does not change the Guard under the saved state
+    def judge(completions, **kwargs):
+        return [len(set(text.split())) / 8 for text in completions]
+
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(100)], max_steps=4, save_strategy="steps", save_steps=4
+    )
+    trainer.add_callback(RewardHackMitigator())
+    trainer.train()
+
+    mitigator = RewardHackMitigator()
+    resumed = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(100), judge], max_steps=5, reward_weights=[1.0, 0.0],
+        save_strategy="no", log_level="info",
+    )  # fmt: skip
+    resumed.add_callback(mitigator)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert [d.name for d in mitigator.guard.detectors] == list(DEFAULT_SIGNALS)
+    assert mitigator.guard.seen == 5  # the saved state was restored, and the run went on from it
+    assert any("the state being resumed was saved without judges" in line for line in lines)
