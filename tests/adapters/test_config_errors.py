@@ -164,6 +164,29 @@ def test_unknown_ensemble_members_fail_at_train_start(model_dir, tokenizer, tmp_
         trainer.train()
 
 
+def test_an_ensemble_and_judges_over_different_functions_fail_at_train_start(model_dir, tokenizer, tmp_path):
+    def judge(completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(5), judge], max_steps=2, reward_weights=[1.0, 0.0]
+    )
+    guard = Guard([loopguard.RMEnsemble(members=("echo_reward", "judge")), loopguard.JudgeGap(members=2)])
+    trainer.add_callback(RewardHackMitigator(guard=guard))
+    with pytest.raises(
+        ConfigError, match=r"must name the same reward functions .* got \('echo_reward', 'judge'\) and 2"
+    ):
+        trainer.train()
+    unknown = grpo_trainer(model_dir, tokenizer, tmp_path, [make_echo_reward(5)], max_steps=2)
+    unknown.add_callback(
+        RewardHackMitigator(guard=Guard([loopguard.JudgeGap(members=("echo_reward", "judge"))]))
+    )
+    with pytest.raises(
+        ConfigError, match=r"^`JudgeGap\(members=...\)` must name reward functions of the trainer"
+    ):
+        unknown.train()
+
+
 def test_the_own_store_rule_memory_for_one_small_process_disk_otherwise(tmp_path, monkeypatch):
     import torch
 
@@ -193,4 +216,3 @@ def test_a_shaped_reward_that_hides_its_raw_reward_fails_at_train_start(model_di
     with pytest.raises(ConfigError, match=r"'echo_reward' is a shape_reward\(\.\.\., log_to_trainer=False\)"):
         trainer.train()
     assert trainer.state.global_step == 0
-
