@@ -20,7 +20,7 @@ def _run(script, args, monkeypatch):
 
 
 def test_kernels_benchmark_quick(tmp_path, monkeypatch):
-    _run("kernels.py", ["--quick", "--out", str(tmp_path)], monkeypatch)
+    _run("signal_kernels.py", ["--quick", "--out", str(tmp_path)], monkeypatch)
     report = json.loads((tmp_path / "kernels.json").read_text())
     kernels = {row["kernel"] for row in report["batch"]}
     assert {"ngram_repetition_rate", "distinct_n", "default signal set"} <= kernels
@@ -108,3 +108,19 @@ def test_false_alarm_benchmark_with_the_one_liners_judges(tmp_path, monkeypatch)
     ]  # fmt: skip
     gaussian = next(row for row in blind if row["rewards"] == "gaussian" and row["batch"] == 64)
     assert gaussian["detected"] == 1  # the trained reward paid for what no judge sees: flagged after onset
+
+
+@pytest.mark.parametrize("folder", ["benchmarks", "examples", "examples/recipes"])
+def test_no_script_shadows_an_installed_module(folder):
+    # a script run as `python <folder>/<name>.py` has its folder first on sys.path: a file named like an
+    # installed module (benchmarks/kernels.py and the `kernels` package transformers imports) breaks imports
+    import importlib.util
+
+    scripts = sorted(path.stem for path in (ROOT / folder).glob("*.py") if path.stem != "__init__")
+    assert scripts
+    shadowing = {}
+    for name in scripts:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin and not spec.origin.startswith(str(ROOT / folder)):
+            shadowing[name] = spec.origin
+    assert not shadowing, f"scripts named like installed modules: {shadowing}"

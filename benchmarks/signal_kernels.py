@@ -2,9 +2,9 @@
 
 Usage::
 
-    python benchmarks/kernels.py                 # full run (about a minute on one core)
-    python benchmarks/kernels.py --quick         # fewer repeats and sizes: a smoke test
-    python benchmarks/kernels.py --out DIR       # where kernels.json and kernels.md go
+    python benchmarks/signal_kernels.py            # full run (about a minute on one core)
+    python benchmarks/signal_kernels.py --quick    # fewer repeats and sizes: a smoke test
+    python benchmarks/signal_kernels.py --out DIR  # where kernels.json and kernels.md go
 
 Inputs are synthetic but shaped like a GRPO step: B completions of 256 token ids each (a list of lists, as TRL
 hands them out), groups of 8 generations per prompt, float rewards, a 4-member reward-model ensemble, and
