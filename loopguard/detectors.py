@@ -968,7 +968,11 @@ class RMEnsemble(Detector):
             return None
         if not self.standardize and self.min_agreement is None:
             return {"disagreement": signals.ensemble_disagreement(scores)}
-        _pool_reference(memory, scores, data)
+        if _closes_reference(memory, len(memory.get("mean", ())), scores, data):
+            memory["frozen"] = True
+        else:
+            _pool_moments(memory, scores)
+            _joined_reference(memory, data)
         kept = np.arange(scores.shape[0])
         if self.min_agreement is not None:
             correlation = np.asarray(_correlations(memory), dtype=np.float64)
@@ -1020,27 +1024,32 @@ def _member_count(members: int | tuple[str, ...] | None) -> int | None:
 _MOMENT_KEYS = ("rows", "batches", "mean", "m2", "co", "from_reference", "frozen")
 
 
-def _pool_reference(memory: dict[str, Any], scores: NDArray[np.float64], data: StepData) -> bool:
-    """Pool the batch into the reference moments while the sample is open; True once it is closed.
+def _closes_reference(
+    memory: Mapping[str, Any], members: int, scores: NDArray[np.float64], data: StepData
+) -> bool:
+    """Whether an ensemble memory's reference sample is closed at this batch (``members``: 0 before any).
 
-    The reference batches form the sample; without any, the first ``warmup_steps`` batches (also closed
-    when the warm-up ends).
+    The reference batches form the sample; without any, the first ``warmup_steps`` batches (the warm-up's
+    end also closes it). A batch of another member count than the sample's is refused.
     """
-    members = len(memory.get("mean", ()))
     if members and members != scores.shape[0]:
         msg = (
             f"`ensemble_scores` must keep the members of the reference sample ({members} rows), got "
             f"{scores.shape[0]} rows at step {data.observation.step}."
         )
         raise InputError(msg)
-    batches = int(memory.get("batches", 0))
-    if not data.reference and (memory.get("from_reference") or batches >= max(1, data.warmup_steps)):
-        memory["frozen"] = True
     if memory.get("frozen"):
         return True
-    _pool_moments(memory, scores)
+    batches = int(memory.get("batches", 0))
+    complete = bool(memory.get("from_reference")) or batches >= max(1, data.warmup_steps)
+    return batches > 0 and not data.reference and complete
+
+
+def _joined_reference(memory: dict[str, Any], data: StepData) -> None:
+    """Count a batch just added to an ensemble memory's reference sample."""
+    memory["batches"] = int(memory.get("batches", 0)) + 1
     memory["from_reference"] = bool(memory.get("from_reference")) or data.reference
-    return False
+    memory.setdefault("frozen", False)
 
 
 def _pool_moments(memory: dict[str, Any], scores: NDArray[np.float64]) -> None:
@@ -1051,8 +1060,7 @@ def _pool_moments(memory: dict[str, Any], scores: NDArray[np.float64]) -> None:
     m2_b, co_b = np.einsum("kb,kb->k", centred, centred), centred @ centred[0]
     co_b[0] = m2_b[0]  # the same sum: keep the identity exact
     if "mean" not in memory:
-        memory.update(rows=n_b, batches=1, mean=mean_b.tolist(), m2=m2_b.tolist(), co=co_b.tolist())
-        memory.update(from_reference=False, frozen=False)
+        memory.update(rows=n_b, mean=mean_b.tolist(), m2=m2_b.tolist(), co=co_b.tolist())
         return
     n_a = int(memory["rows"])
     mean_a = np.asarray(memory["mean"], dtype=np.float64)
@@ -1062,8 +1070,7 @@ def _pool_moments(memory: dict[str, Any], scores: NDArray[np.float64]) -> None:
     m2 = np.asarray(memory["m2"], dtype=np.float64) + m2_b + delta * delta * weight
     co = np.asarray(memory["co"], dtype=np.float64) + co_b + delta * delta[0] * weight
     co[0] = m2[0]
-    memory.update(rows=n, batches=int(memory["batches"]) + 1, mean=(mean_a + delta * (n_b / n)).tolist())
-    memory.update(m2=m2.tolist(), co=co.tolist())
+    memory.update(rows=n, mean=(mean_a + delta * (n_b / n)).tolist(), m2=m2.tolist(), co=co.tolist())
 
 
 def _correlations(memory: Mapping[str, Any]) -> list[float]:
@@ -1248,27 +1255,16 @@ class JudgeGap(Detector):
     def _collect(self, memory: dict[str, Any], scores: NDArray[np.float64], data: StepData) -> bool:
         """Add the batch to the reference sample while it is open; True once it is closed (and read)."""
         rows: list[list[float]] | None = memory.get("reference")
-        if rows is not None and len(rows) != scores.shape[0]:
-            msg = (
-                f"`ensemble_scores` must keep the members of the reference sample ({len(rows)} rows), got "
-                f"{scores.shape[0]} rows at step {data.observation.step}."
-            )
-            raise InputError(msg)
-        if memory.get("frozen"):
-            return True
-        batches = int(memory.get("batches", 0))
-        complete = memory.get("from_reference") or batches >= max(1, data.warmup_steps)
-        if rows is not None and not data.reference and complete:
-            self._freeze(memory)
+        if _closes_reference(memory, 0 if rows is None else len(rows), scores, data):
+            if not memory.get("frozen"):
+                self._freeze(memory)
             return True
         room = self.reference_size - (0 if rows is None else len(rows[0]))
         taken = scores[:, : max(0, room)].tolist()
         memory["reference"] = (
             taken if rows is None else [old + new for old, new in zip(rows, taken, strict=True)]
         )
-        memory["batches"] = batches + 1
-        memory["from_reference"] = bool(memory.get("from_reference")) or data.reference
-        memory.setdefault("frozen", False)
+        _joined_reference(memory, data)
         return False
 
     def _freeze(self, memory: dict[str, Any]) -> None:

@@ -498,9 +498,8 @@ class Guard:
             ``"diversity"``, ``"takeover"``, ``"length"``, ``"collapse"``, ``"drift"``, ``"rm_ensemble"``,
             ``"judge_gap"``, ``"info_rm"``, ``"gold"``). ``None`` uses the signals every trainer can feed:
             repetition, diversity, length, collapse and drift; a default signal whose input is missing in a
-            step is skipped for that step
-            (noted once). A signal named explicitly must be configurable (e.g. ``InfoRM`` needs an embedding
-            source), which is checked here.
+            step is skipped for that step (noted once). A signal named explicitly must be configurable (e.g.
+            ``InfoRM`` needs an embedding source), which is checked here.
         mode: A shorthand for a controller with its defaults: ``"kl_control"`` (:class:`BangBang`; the default
             when no ``controller`` is given), ``"pid_lagrangian"`` (:class:`PIDLagrangian`), ``"adaptive_kl"``
             (:class:`AdaptiveKL`, driven by ``Observation.kl`` with ``n_steps`` = the batch size, as old TRL

@@ -906,6 +906,10 @@ class RewardHackMitigator(_Observer):
             f"{judges.min_agreement:g} is left out). To choose the signals yourself: guard=Guard([...]).",
         )
 
+    def _state_path(self, args: TrainingArguments, state: TrainerState) -> str:
+        """The loopguard state file of the checkpoint this run resumes from."""
+        return os.path.join(self._resume_from or checkpoint_dir(args, state), STATE_FILE)
+
     def _saved_signals(self, args: TrainingArguments, state: TrainerState) -> list[Any] | None:
         """The signals of the Guard state this run resumes from (None: a fresh run, or none readable).
 
@@ -913,7 +917,7 @@ class RewardHackMitigator(_Observer):
         """
         if state.global_step <= 0:
             return None
-        path = os.path.join(self._resume_from or checkpoint_dir(args, state), STATE_FILE)
+        path = self._state_path(args, state)
         try:
             signals = read_state_file(path)["guard"]["config"]["signals"]
         except (OSError, LoopguardError, KeyError, TypeError):
@@ -1035,8 +1039,7 @@ class RewardHackMitigator(_Observer):
     def _resume(self, args: TrainingArguments, state: TrainerState) -> None:
         if state.global_step <= 0:
             return
-        folder = self._resume_from or checkpoint_dir(args, state)
-        path = os.path.join(folder, STATE_FILE)
+        path = self._state_path(args, state)
         if not os.path.lexists(path):
             self._warn_once(
                 "resume",
