@@ -448,23 +448,18 @@ def _document_counts(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArra
     rows = np.repeat(np.arange(tokens.n_rows, dtype=np.int64), lengths)
     position = np.arange(len(ids), dtype=np.int64) - np.repeat(tokens.offsets[:-1], lengths)
     valid = np.flatnonzero(position <= lengths[rows] - n)  # an n-gram of the same row starts here
-    key = _splitmix(ids[valid])
-    for shift in range(1, n):
-        key = _splitmix(key ^ ids[valid + shift])
-    order = np.argsort(key)
-    ordered = key[order]
+    key = _ngram_keys(ids, valid, n)
+    # one stable sort: equal keys keep the order of their positions, so each key's rows come in order and a
+    # completion counts an n-gram once where the row changes within the key's run
+    order = np.argsort(key, kind="stable")
+    ordered, row = key[order], rows[valid][order]
     new = np.empty(len(ordered), dtype=bool)
     new[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    first = new.copy()  # the first occurrence of each (n-gram, completion) pair
+    first[1:] |= row[1:] != row[:-1]
     keys = ordered[new]
-    index = np.empty(len(key), dtype=np.int64)
-    index[order] = np.cumsum(new) - 1  # each occurrence's n-gram, as a position in `keys`
-    # a completion counts an n-gram once: one (completion, n-gram) pair per distinct pair, found by sorting
-    pairs = np.sort(rows[valid] * len(keys) + index)
-    first = np.empty(len(pairs), dtype=bool)
-    first[:1] = True
-    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
-    counts = np.bincount(pairs[first] % len(keys), minlength=len(keys)).astype(np.int64)
+    counts = np.bincount(np.cumsum(new)[first] - 1, minlength=len(keys)).astype(np.int64)
     return keys, counts
 
 

@@ -277,3 +277,27 @@ def test_length_alone_votes_on_its_own():
     assert all(corroborating.step(lengthening(step)).verdict == "OK" for step in range(12))
     verdicts = [alone.step(lengthening(step)).verdict for step in range(12)]
     assert "HACK" in verdicts
+
+
+def test_takeover_counts_each_ngram_once_per_completion_as_counted_by_hand():
+    # in how many completions each n-gram occurs (a completion that repeats one counts it once), compared
+    # with a count in plain Python over random batches: short rows, rows shorter than n, repeated tokens
+    from loopguard.detectors import _document_counts, _ngram_keys
+
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        rows = [
+            [int(t) for t in rng.integers(0, int(rng.integers(1, 6)), size=int(rng.integers(0, 10)))]
+            for _ in range(int(rng.integers(1, 9)))
+        ]
+        data = StepData(Observation(0, [0.0] * len(rows), completion_ids=rows), warmup_steps=1)
+        for n in (1, 2, 3):
+            keys, counts = _document_counts(data, n)
+            by_hand: dict[int, int] = {}
+            for row in rows:
+                ids = np.asarray(row, dtype=np.uint64)
+                starts = np.arange(max(len(row) - n + 1, 0), dtype=np.int64)
+                for key in {int(k) for k in _ngram_keys(ids, starts, n)}:
+                    by_hand[key] = by_hand.get(key, 0) + 1
+            assert keys.tolist() == sorted(by_hand), (trial, n)
+            assert counts.tolist() == [by_hand[key] for key in sorted(by_hand)], (trial, n)
