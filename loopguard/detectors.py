@@ -64,6 +64,7 @@ from loopguard._validation import (
     real,
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
+from loopguard.signals._collapse import group_spread
 
 __all__ = [
     "HACK_LEVEL",
@@ -819,10 +820,8 @@ class Collapse(Detector):
         layout: int | tuple[int, ...] | None = obs.group_size if sizes is None else tuple(sizes)
         if layout is None or (isinstance(layout, tuple) and max(layout, default=0) < 2):
             return None  # no group of two or more completions: nothing to measure this step
-        raw = {
-            "group_std": float(np.mean(signals.group_reward_std(obs.rewards, layout, ddof=0))),
-            "zero_std_groups": signals.zero_std_group_fraction(obs.rewards, layout),
-        }
+        stds, zero_std_groups = group_spread(obs.rewards, layout, ddof=0)
+        raw = {"group_std": float(np.mean(stds)), "zero_std_groups": zero_std_groups}
         if obs.entropy is not None:
             raw["entropy"] = float(obs.entropy)
         return raw

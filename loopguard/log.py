@@ -529,6 +529,17 @@ class MitigationRecord:
             >>> MitigationRecord(step=3, mode="log_only", verdict="WARN", vote=0.4).to_json_dict()["vote"]
             0.4
         """
+        data = self._json_body()
+        if self.extra is not None:
+            data["extra"] = _json_tree("extra", self.extra, 0)
+        return data
+
+    def _json_body(self) -> dict[str, Any]:
+        """:meth:`to_json_dict` for serialising at once: ``extra``'s nested values are shared, not copied.
+
+        ``extra`` was converted into plain JSON values, in containers of the record's own, when the record
+        was built; ``json.dumps`` only reads them, so the log writes them without a second copy.
+        """
         data: dict[str, Any] = {"schema": LOG_SCHEMA_VERSION}
         for name in _FIELD_ORDER:
             value = getattr(self, name)
@@ -539,7 +550,7 @@ class MitigationRecord:
             data[name] = value
         data["step"] = int(self.step)
         if self.extra is not None:
-            data["extra"] = _json_tree("extra", self.extra, 0)
+            data["extra"] = dict(self.extra)
         return data
 
     @classmethod
@@ -825,7 +836,7 @@ class MitigationLog:
         if not isinstance(record, MitigationRecord):
             _check_mapping(record)
             record = MitigationRecord.from_json_dict(record)  # type: ignore[arg-type]
-        body = record.to_json_dict()
+        body = record._json_body()
         data = {"schema": body.pop("schema"), "ts": _utc_timestamp(), **body}
         text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
         if _may_hold_secret(text):

@@ -33,6 +33,8 @@ from loopguard.signals._trend import TrendMethod, series_slope
 
 __all__ = ["entropy_trend", "group_reward_std", "zero_std_group_fraction"]
 
+_ZERO_STD_ATOL = 1e-8  # TRL's tolerance for a zero-std group
+
 GroupStatistic = Callable[[NDArray[np.float64]], NDArray[np.float64]]
 
 
@@ -166,7 +168,12 @@ def group_reward_std(rewards: object, group_size: int | ArrayLike, *, ddof: int 
     """
     correction = check_int("ddof", ddof, lo=0, hi=1)
     array, layout = _as_groups(rewards, group_size)
-    std = _per_group(array, layout, lambda groups: _group_std(groups, correction))
+    return _stds(array, layout, correction)
+
+
+def _stds(array: NDArray[np.float64], layout: int | NDArray[np.int64], ddof: int) -> NDArray[np.float64]:
+    """:func:`group_reward_std` of validated rewards and layout."""
+    std = _per_group(array, layout, lambda groups: _group_std(groups, ddof))
     if not np.isfinite(std).all():
         msg = (
             "`rewards` must have per-group stds representable in float64 (a group spans more than "
@@ -176,7 +183,9 @@ def group_reward_std(rewards: object, group_size: int | ArrayLike, *, ddof: int 
     return std
 
 
-def zero_std_group_fraction(rewards: object, group_size: int | ArrayLike, *, atol: float = 1e-8) -> float:
+def zero_std_group_fraction(
+    rewards: object, group_size: int | ArrayLike, *, atol: float = _ZERO_STD_ATOL
+) -> float:
     r"""Fraction of prompt groups whose rollouts all received the same reward (within ``atol``).
 
     Such a group has zero advantage under GRPO/RLOO: it spends generation compute and teaches nothing. A
@@ -235,10 +244,28 @@ def zero_std_group_fraction(rewards: object, group_size: int | ArrayLike, *, ato
     """
     tolerance = check_real("atol", atol, lo=0.0)
     array, layout = _as_groups(rewards, group_size)
+    return _zero_fraction(array, layout, tolerance)
+
+
+def _zero_fraction(array: NDArray[np.float64], layout: int | NDArray[np.int64], atol: float) -> float:
+    """:func:`zero_std_group_fraction` of validated rewards and layout."""
     ranges = _per_group(array, layout, _group_range)
     if ranges.size == 0:
         return 0.0
-    return float(np.mean(ranges <= tolerance))
+    return float(np.mean(ranges <= atol))
+
+
+def group_spread(
+    rewards: object, group_size: int | ArrayLike, *, ddof: int = 1
+) -> tuple[NDArray[np.float64], float]:
+    """:func:`group_reward_std` and :func:`zero_std_group_fraction` (default ``atol``), validated once.
+
+    For a caller that needs both (the ``collapse`` signal): the values of the two calls, at the cost of
+    one validation of ``rewards`` and ``group_size``.
+    """
+    correction = check_int("ddof", ddof, lo=0, hi=1)
+    array, layout = _as_groups(rewards, group_size)
+    return _stds(array, layout, correction), _zero_fraction(array, layout, _ZERO_STD_ATOL)
 
 
 def entropy_trend(mean_entropies: object, *, method: TrendMethod = "ols") -> float:

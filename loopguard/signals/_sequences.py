@@ -129,8 +129,15 @@ class TokenBatch:
 
     @property
     def lengths(self) -> NDArray[np.int64]:
-        """Number of tokens in each sequence."""
-        return np.diff(self.offsets)
+        """Number of tokens in each sequence (read-only and computed once for a :meth:`frozen` batch)."""
+        cached = self._cache.get("lengths")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        lengths = np.diff(self.offsets)
+        if self.frozen():
+            lengths.flags.writeable = False
+            self._cache["lengths"] = lengths
+        return lengths
 
     def row_ids(self) -> NDArray[np.int64]:
         """Row index of every token, aligned with :attr:`tokens`."""

@@ -16,6 +16,7 @@ from scipy import stats
 
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
 from loopguard.signals import TrendMethod, entropy_trend, group_reward_std, zero_std_group_fraction
+from loopguard.signals._collapse import group_spread
 
 # --------------------------------------------------------------------------------------------------
 # independent references
@@ -338,6 +339,18 @@ def test_ragged_groups_match_a_naive_loop(
     assert zero_std_group_fraction(rewards, sizes, atol=atol) == naive_ragged_zero_fraction(
         rewards, sizes, atol
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=ragged_rewards(), ddof=st.integers(0, 1))
+def test_group_spread_is_both_statistics_validated_once(data: tuple[list[float], list[int]], ddof: int) -> None:
+    # the collapse signal's one call: the stds and the zero-std share of the two public kernels, bit for bit
+    rewards, sizes = data
+    stds, zero = group_spread(rewards, sizes, ddof=ddof)
+    assert stds.tolist() == group_reward_std(rewards, sizes, ddof=ddof).tolist()
+    assert zero == zero_std_group_fraction(rewards, sizes) == naive_ragged_zero_fraction(rewards, sizes, 1e-8)
+    with pytest.raises(InputError, match="must add up to the number of rewards"):
+        group_spread(rewards + [0.0], sizes, ddof=ddof)
 
 
 @settings(max_examples=50, deadline=None)

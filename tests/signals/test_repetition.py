@@ -399,13 +399,14 @@ def test_one_batch_counts_its_ngrams_once_for_both_views() -> None:
     rows = [rng.integers(0, 30, size=rng.integers(0, 40)).tolist() for _ in range(50)]
     pooled_first, per_row_first = as_token_batch("ids", rows), as_token_batch("ids", rows)
     pooled = distinct_n(pooled_first, n=2)
-    assert list(pooled_first._cache) == ["token_range", ("ngrams", 2)]  # the counts are kept on the batch...
+    counted = [key for key in pooled_first._cache if key != "lengths"]  # (lengths are cached too)
+    assert counted == ["token_range", ("ngrams", 2)]  # the counts are kept on the batch...
     per_row = ngram_repetition_rate(per_row_first, n=2, reduce="none")
     # ...and each view read from them equals the other view counted first
     assert ngram_repetition_rate(pooled_first, n=2, reduce="none").tolist() == per_row.tolist()
     assert distinct_n(per_row_first, n=2) == pooled
     assert distinct_n(pooled_first, n=3) == distinct_n(rows, n=3)  # another n is counted apart
-    assert len(pooled_first._cache) == 3
+    assert set(pooled_first._cache) - {"lengths"} == {"token_range", ("ngrams", 2), ("ngrams", 3)}
     with pytest.raises(ValueError, match="read-only"):  # no one can change the tokens under the counts
         pooled_first.tokens[0] = 7
     # a batch of arrays the caller still holds is counted afresh every time
@@ -416,3 +417,18 @@ def test_one_batch_counts_its_ngrams_once_for_both_views() -> None:
     assert not mine.frozen()
     assert not mine._cache
     assert distinct_n(mine, n=2) < before
+
+
+def test_a_frozen_batch_computes_its_lengths_once_read_only() -> None:
+    batch = as_token_batch("ids", [[1, 2, 3], [], [4, 5]])
+    lengths = batch.lengths
+    assert lengths.tolist() == [3, 0, 2]
+    assert batch.lengths is lengths  # every kernel of the step reads the same array
+    with pytest.raises(ValueError, match="read-only"):
+        lengths[0] = 9
+    # a batch of the caller's arrays derives them afresh (its offsets may change under it)
+    offsets = batch.offsets.copy()
+    mine = TokenBatch(tokens=batch.tokens.copy(), offsets=offsets)
+    assert mine.lengths is not mine.lengths
+    offsets[1] = 1
+    assert mine.lengths.tolist() == [1, 2, 2]
