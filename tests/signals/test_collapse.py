@@ -350,7 +350,7 @@ def test_group_spread_is_both_statistics_validated_once(data: tuple[list[float],
     assert stds.tolist() == group_reward_std(rewards, sizes, ddof=ddof).tolist()
     assert zero == zero_std_group_fraction(rewards, sizes) == naive_ragged_zero_fraction(rewards, sizes, 1e-8)
     with pytest.raises(InputError, match="must add up to the number of rewards"):
-        group_spread(rewards + [0.0], sizes, ddof=ddof)
+        group_spread([*rewards, 0.0], sizes, ddof=ddof)
 
 
 @settings(max_examples=50, deadline=None)
