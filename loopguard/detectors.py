@@ -184,16 +184,34 @@ class Metric:
         """The warm-up noise scale in the units of :meth:`excess`."""
         return scale / max(abs(median), 1e-12) if self.relative else scale
 
-    def score(
-        self, value: float, median: float, scale: float, *, sigma_warn: float, sigma_hack: float
-    ) -> float:
-        """Score ``value`` against a baseline with noise floors of ``sigma_warn``/``sigma_hack`` scales."""
+    def bands(
+        self, median: float, scale: float, *, sigma_warn: float, sigma_hack: float
+    ) -> tuple[float, float]:
+        """The ``(warn, hack)`` excesses against a baseline: the metric's bands or the noise floors."""
         noise = self.noise(scale, median)
         warn = max(self.warn, sigma_warn * noise)
         hack = max(self.hack, sigma_hack * noise)
         if hack <= warn:  # only when sigma_hack <= sigma_warn * warn/hack; keep the bands ordered
             hack = warn * self.hack / self.warn
+        return warn, hack
+
+    def score(
+        self, value: float, median: float, scale: float, *, sigma_warn: float, sigma_hack: float
+    ) -> float:
+        """Score ``value`` against a baseline with noise floors of ``sigma_warn``/``sigma_hack`` scales."""
+        warn, hack = self.bands(median, scale, sigma_warn=sigma_warn, sigma_hack=sigma_hack)
         return band_score(self.excess(value, median), warn=warn, hack=hack)
+
+    def evidence(
+        self, value: float, median: float, scale: float, *, sigma_warn: float, sigma_hack: float
+    ) -> float:
+        """The signed excess of ``value`` over ``median`` in HACK bands (1.0: at the band, :meth:`bands`).
+
+        With the default noise floors, where the noise sets the band, one HACK band is ``sigma_hack`` (5)
+        noise scales.
+        """
+        _, hack = self.bands(median, scale, sigma_warn=sigma_warn, sigma_hack=sigma_hack)
+        return self.excess(value, median) / hack
 
 
 class StepData:

@@ -80,6 +80,7 @@ from loopguard.detectors import (
     StepData,
     Takeover,
     as_detectors,
+    band_score,
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
@@ -92,9 +93,9 @@ __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation",
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
 OnError = Literal["warn", "raise"]
 
-STATE_VERSION = 4
-_READABLE_VERSIONS = (1, 2, 3, 4)  # 1 had no "episode" (the adapters kept the onset); 2 no reference
-# sample; 3 no targeted penalty and no ceiling count
+STATE_VERSION = 5
+_READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 1 had no "episode" (the adapters kept the onset); 2 no reference
+# sample; 3 no targeted penalty and no ceiling count; 4 no sustained evidence
 _PRESETS: dict[str, type[Any]] = {
     "kl_control": BangBang,
     "pid_lagrangian": PIDLagrangian,
@@ -120,10 +121,11 @@ _STATE_KEYS = (
     "candidates",
     "ceiling_steps",
 )
-_KEYS_BY_VERSION = {1: 11, 2: 12, 3: 13, 4: 16}  # how many of _STATE_KEYS each version has
+_KEYS_BY_VERSION = {1: 11, 2: 12, 3: 13, 4: 16, 5: 16}  # how many of _STATE_KEYS each version has
 _CEILING_WARN_EVERY = 10  # HACK with beta at its ceiling: warn on the first such step, then every 10
 _EPISODE_KEYS = ("onset", "suspect", "healthy")
-_MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory", "reference")
+_MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory", "reference", "evidence")
+_MEMORY_KEYS_BY_VERSION = {1: 6, 2: 6, 3: 7, 4: 7, 5: 8}  # how many of _MEMORY_KEYS each version has
 _MAX_REFERENCE_BATCHES = 64  # reference batches kept per statistic (add_reference plus the first steps)
 _TREND_Z = 2.33  # Mann-Kendall z of a warm-up trend toward a hack: one-sided p < 0.01
 _TREND_MIN_POINTS = 6  # fewest warm-up values a trend is tested on
@@ -434,6 +436,7 @@ class _Reading:
     in_reference: bool = False  # the step's batch completes the reference sample
     staged: dict[str, dict[str, float]] = attrs.field(factory=dict)  # warm-up values kept if the step is OK
     trends: list[str] = attrs.field(factory=list)  # warm-up trends toward a hack, in words
+    sustained: dict[str, str] = attrs.field(factory=dict)  # detector -> why its sustained evidence trips
     data: StepData | None = None  # the step's inputs, converted once (for the targeted rung)
 
 
@@ -446,6 +449,7 @@ class _DetectorMemory:
     smoothed: float = 0.0
     memory: dict[str, Any] = attrs.field(factory=dict)
     reference: dict[str, list[float]] = attrs.field(factory=dict)  # metric -> values on reference batches
+    evidence: dict[str, list[float]] = attrs.field(factory=dict)  # metric -> [CUSUM sum, steps it has run]
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self, recurse=False)
@@ -535,6 +539,16 @@ class Guard:
         hack_level: Vote at which the verdict is HACK.
         sigma_warn: Noise floor of the WARN band, in warm-up noise scales.
         sigma_hack: Noise floor of the HACK band, in warm-up noise scales.
+        cusum: ``(slack, limit)`` of the *sustained evidence* rule, in HACK bands (one band is
+            ``sigma_hack`` = 5 noise scales where the noise sets it), or None to turn the rule off. After
+            the warm-up, each statistic of a primary signal keeps Page's (1954) one-sided CUSUM of its
+            excess over the baseline, ``S = min(limit, max(0, S + min(u, 1) - slack))`` each step, with
+            ``u`` the step's excess in HACK bands; the signal reads HACK while ``S`` is at the limit. A rise
+            that stays a few noise scales above the baseline, too small for any single step to reach the
+            HACK band, then trips after a few steps. Default ``(0.3, 1.2)``: steps more than 1.5 noise
+            scales above the baseline add up, and 6 of them trip (4 steps at 3 scales, 2 at 5 or more); one
+            step alone never does (``limit`` must exceed ``1 - slack``). Corroborating signals, which move
+            with healthy learning, keep none. See ``docs/guard.md``, "Sustained evidence".
         drift_guard: Keep the vote from falling while the reward distribution degenerates (drift signal).
         advantage_scale: The typical size of the advantages the trainer's policy gradient multiplies, for
             sizing the first raise of beta (:class:`~loopguard.control.BangBang`): ``1.0`` when the trainer
@@ -566,6 +580,7 @@ class Guard:
         hack_level: float = HACK_LEVEL,
         sigma_warn: float = 3.0,
         sigma_hack: float = 5.0,
+        cusum: tuple[float, float] | None = (0.3, 1.2),
         drift_guard: bool = True,
         advantage_scale: float | None = None,
         on_error: OnError = "warn",
@@ -589,6 +604,7 @@ class Guard:
         if self.sigma_hack < self.sigma_warn:
             msg = f"`sigma_hack` must be >= sigma_warn ({self.sigma_warn}), got {self.sigma_hack}."
             raise ConfigError(msg)
+        self.cusum = None if cusum is None else _check_cusum(cusum)
         self.drift_guard = check_bool("drift_guard", drift_guard)
         self.trainer_advantage_scale: float | None = None  # set by an adapter that knows the trainer
         self.advantage_scale = None
@@ -743,7 +759,7 @@ class Guard:
         Fields(saved.payload, saved.path, keys=current)  # no unknown configuration keys either
         seen = fields.integer("seen", lo=0)
         detectors = fields.sub("detectors", keys=[d.name for d in self.detectors])
-        memory_keys = _MEMORY_KEYS if version >= 3 else _MEMORY_KEYS[:-1]
+        memory_keys = _MEMORY_KEYS[: _MEMORY_KEYS_BY_VERSION[version]]
         memories = {
             d.name: self._decode_memory(d, detectors.sub(d.name, keys=memory_keys), seen)
             for d in self.detectors
@@ -866,7 +882,34 @@ class Guard:
             smoothed=fields.real("smoothed", lo=0.0, hi=1.0),
             memory=detector.check_memory(fields.raw("memory"), fields.name("memory")),
             reference=reference,
+            evidence=self._decode_evidence(fields, metrics, baseline, seen),
         )
+
+    def _decode_evidence(
+        self, fields: Fields, metrics: dict[str, Any], baseline: dict[str, list[float]] | None, seen: int
+    ) -> dict[str, list[float]]:
+        """A detector memory's sustained evidence: ``[sum, steps]`` per baseline statistic (absent: none)."""
+        if "evidence" not in fields:  # saved before the sustained-evidence rule (state version 4 or older)
+            return {}
+        evidence_fields = fields.sub("evidence", keys=None)
+        evidence: dict[str, list[float]] = {}
+        limit = math.inf if self.cusum is None else self.cusum[1]
+        for key in evidence_fields.names():
+            name = evidence_fields.name(key)
+            if baseline is None or key not in baseline:
+                known = sorted(baseline or {})
+                msg = f"`{name}` must name a statistic of the baseline ({known}), got {key!r}."
+                raise StateError(msg)
+            pair = check_state_reals(name, evidence_fields.raw(key), lo=0.0, max_length=2)
+            if len(pair) != 2 or pair[1] != int(pair[1]) or pair[1] > seen:
+                msg = (
+                    f"`{name}` must be [sum, steps] with a sum >= 0 and a whole number of steps <= {seen}, "
+                    f"got {describe(evidence_fields.raw(key))}."
+                )
+                raise StateError(msg)
+            pair[0] = min(pair[0], limit)  # saved under a higher limit: at this Guard's limit
+            evidence[key] = [pair[0], float(int(pair[1]))]
+        return evidence
 
     def _decode_reference(
         self, detector: Detector, fields: Fields, metrics: dict[str, Any]
@@ -1237,6 +1280,43 @@ class Guard:
             for key, value in values.items():
                 memory.warm.setdefault(key, []).append(value)
 
+    def _sustain(self, detector: Detector, raw: dict[str, float], reading: _Reading) -> float | None:
+        """The primary signal's sustained-evidence score (``cusum``; None: the rule does not apply).
+
+        Updates each statistic's CUSUM against the baseline. A statistic at the limit scores as at its HACK
+        band (or above, as far as this step's own excess goes); one below it scores nothing here: the rule
+        only adds HACK verdicts, it never adds a WARN.
+        """
+        memory = self._memories[detector.name]
+        if self.cusum is None or detector.role != "primary" or memory.baseline is None:
+            return None
+        slack, limit = self.cusum
+        scores: dict[str, float] = {}
+        tripped: list[str] = []
+        for metric in self._metrics[detector.name]:
+            if metric.key not in raw or metric.key not in memory.baseline:
+                continue
+            median, scale = memory.baseline[metric.key]
+            bands = {"sigma_warn": self.sigma_warn, "sigma_hack": self.sigma_hack}
+            excess = metric.evidence(raw[metric.key], median, scale, **bands)
+            total, steps = memory.evidence.get(metric.key, [0.0, 0.0])
+            total = min(limit, max(0.0, total + min(excess, 1.0) - slack))
+            steps = steps + 1.0 if total > 0.0 else 0.0
+            memory.evidence[metric.key] = [total, steps]
+            scores[metric.key] = 0.0
+            if total >= limit:
+                warn, hack = metric.bands(median, scale, **bands)
+                instant = band_score(metric.excess(raw[metric.key], median), warn=warn, hack=hack)
+                scores[metric.key] = max(HACK_LEVEL, instant)
+                tripped.append(f"{detector.name}.{metric.key} over {int(steps)} steps")
+        if not scores:
+            return None
+        pairs = {key: (value[0], value[1]) for key, value in memory.baseline.items()}
+        score = float(detector.combine(scores, raw, pairs))
+        if tripped and score >= HACK_LEVEL:
+            reading.sustained[detector.name] = ", ".join(tripped)
+        return score
+
     def _smooth(self, memory: _DetectorMemory, score: float) -> float:
         memory.score = score
         memory.recent, memory.smoothed = self.smoothing.smooth(memory.recent, score, previous=memory.smoothed)
@@ -1292,7 +1372,9 @@ class Guard:
             reading.raw.update({f"{detector.name}.{key}": value for key, value in raw.items()})
             score, smooth = self._score(detector, raw, reading)
             if score is not None:
-                reading.scores[detector.name] = self._smooth(memory, score) if smooth else score
+                value = self._smooth(memory, score) if smooth else score
+                sustained = self._sustain(detector, raw, reading)
+                reading.scores[detector.name] = value if sustained is None else max(value, sustained)
         if self._seen == self.warmup_steps:
             for detector in self.detectors:
                 detector.on_warmup_end(self._memories[detector.name].memory)
@@ -1362,7 +1444,7 @@ class Guard:
         if action == "rollback":
             for detector in self.detectors:  # do not smooth post-rollback steps with hacked scores
                 memory = self._memories[detector.name]
-                memory.recent, memory.smoothed = [], 0.0
+                memory.recent, memory.smoothed, memory.evidence = [], 0.0, {}
                 detector.on_rollback(memory.memory)
             self._vote = 0.0
             after_rollback = getattr(self.controller, "after_rollback", None)
@@ -1552,6 +1634,14 @@ class Guard:
                 + "; ".join(reading.trends)
                 + ". Watching against the reference sample."
             )
+        if reading.sustained and verdict == "HACK":
+            slack, limit = self.cusum if self.cusum is not None else (0.0, 0.0)
+            parts.append(
+                "Sustained rise: "
+                + "; ".join(reading.sustained.values())
+                + f", each step more than {slack:g} of its HACK band above the baseline, adding up to "
+                f"{limit:g} bands (CUSUM), though no single step need reach the band."
+            )
         if reading.drift_held:
             parts.append(
                 "The reward distribution is degenerating (drift), so the vote was held, not lowered."
@@ -1694,6 +1784,22 @@ def _detail(metric: Any, value: float, baseline: list[float] | None, label: str 
     level = hack if value >= hack else warn
     relation = ">=" if value >= warn else "<"
     return f"{metric.key} {metric.unit.format(value)} {relation} absolute band {metric.unit.format(level)}"
+
+
+def _check_cusum(value: object) -> tuple[float, float]:
+    """``Guard(cusum=...)``: ``(slack, limit)`` with ``0 < slack < 1`` and ``limit > 1 - slack``."""
+    if not isinstance(value, tuple) or len(value) != 2:
+        msg = f"`cusum` must be a (slack, limit) pair of HACK-band multiples or None, got {describe(value)}."
+        raise LoopguardTypeError(msg)
+    slack = check_real("cusum[0]", value[0], lo=0.0, hi=1.0, lo_inclusive=False, hi_inclusive=False)
+    limit = check_real("cusum[1]", value[1], lo=0.0, lo_inclusive=False)
+    if limit <= 1.0 - slack:
+        msg = (
+            f"`cusum` must have limit > 1 - slack ({1.0 - slack:g}): one step alone must not trip it, "
+            f"got {value!r}."
+        )
+        raise ConfigError(msg)
+    return slack, limit
 
 
 def _decode_beta_history(fields: Fields) -> list[list[float]]:

@@ -407,7 +407,16 @@ def test_a_value_that_contradicts_the_guard_is_refused():
 
 def written_by(state, version):
     """A Guard state as loopguard wrote it at ``version``: 1 kept no episode, 1-2 no reference sample, 1-3 no
-    targeted penalty and no ceiling count."""
+    targeted penalty and no ceiling count, 1-4 no sustained evidence."""
+    state = {
+        **state,
+        "detectors": {
+            name: {key: value for key, value in memory.items() if key != "evidence"}
+            for name, memory in state["detectors"].items()
+        },
+    }
+    if version == 4:
+        return {**state, "version": 4}
     newer = ("penalty", "candidates", "ceiling_steps")
     old = {key: value for key, value in state.items() if key not in newer}
     if version == 3:
@@ -427,10 +436,13 @@ def test_unknown_keys_and_versions_are_refused():
     state = _run(GUARDS["kl_control"](), 8).state_dict()
     with pytest.raises(StateError, match=re.escape("unexpected ['beta_floor']")):
         GUARDS["kl_control"]().load_state_dict({**state, "beta_floor": 0.5})
-    with pytest.raises(StateError, match=re.escape("`state['version']` must be 4, got 5.")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 5})
+    with pytest.raises(StateError, match=re.escape("`state['version']` must be 5, got 6.")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 6})
+    with pytest.raises(StateError, match=re.escape("unexpected ['evidence']")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 4})  # version 4 had no sustained evidence
+    four = written_by(state, 4)
     with pytest.raises(StateError, match=re.escape("unexpected ['candidates', 'ceiling_steps', 'penalty']")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 3})  # version 3 had no targeted penalty
+        GUARDS["kl_control"]().load_state_dict({**four, "version": 3})  # version 3 had no targeted penalty
     three = written_by(state, 3)
     with pytest.raises(StateError, match=re.escape("unexpected ['reference_batches']")):
         GUARDS["kl_control"]().load_state_dict({**three, "version": 2})  # version 2 had no reference sample
@@ -458,7 +470,7 @@ def test_the_loop_guard_state_keeps_the_onset_in_the_guard():
     state = loop.state_dict()
     assert state["version"] == 2
     assert set(state) == {"kind", "version", "guard", "rollbacks"}
-    assert state["guard"]["version"] == 4
+    assert state["guard"]["version"] == 5
     assert state["guard"]["episode"]["onset"] == onset
     twin = _loop_factory()
     twin.load_state_dict(json.loads(json.dumps(state)))
@@ -488,7 +500,7 @@ def test_a_version_1_guard_state_still_loads_with_a_fresh_episode():
     assert twin.healthy
     expected = {**guard.state_dict(), "episode": twin.state_dict()["episode"], "reference_batches": 0}
     expected["detectors"] = {
-        name: {**memory, "reference": {}} for name, memory in expected["detectors"].items()
+        name: {**memory, "reference": {}, "evidence": {}} for name, memory in expected["detectors"].items()
     }
     assert twin.state_dict() == expected
 
