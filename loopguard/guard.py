@@ -542,13 +542,15 @@ class Guard:
         cusum: ``(slack, limit)`` of the *sustained evidence* rule, in HACK bands (one band is
             ``sigma_hack`` = 5 noise scales where the noise sets it), or None to turn the rule off. After
             the warm-up, each statistic of a primary signal keeps Page's (1954) one-sided CUSUM of its
-            excess over the baseline, ``S = min(limit, max(0, S + min(u, 1) - slack))`` each step, with
-            ``u`` the step's excess in HACK bands; the signal reads HACK while ``S`` is at the limit. A rise
-            that stays a few noise scales above the baseline, too small for any single step to reach the
-            HACK band, then trips after a few steps. Default ``(0.3, 1.2)``: steps more than 1.5 noise
-            scales above the baseline add up, and 6 of them trip (4 steps at 3 scales, 2 at 5 or more); one
-            step alone never does (``limit`` must exceed ``1 - slack``). Corroborating signals, which move
-            with healthy learning, keep none. See ``docs/guard.md``, "Sustained evidence".
+            excess over the baseline, ``S = max(0, S + min(u, 1) - slack)`` each step, with ``u`` the
+            step's excess in HACK bands; the step on which ``S`` reaches the limit reads HACK, and ``S``
+            starts again from 0 (Page's rule, as in :func:`loopguard.signals.cusum`). A rise that stays a
+            few noise scales above the baseline, too small for any single step to reach the HACK band, is
+            then dated within a few steps; how long HACK lasts stays with the per-step scores. Default
+            ``(0.3, 1.2)``: steps more than 1.5 noise scales above the baseline add up, and 6 of them trip
+            (4 steps at 3 scales, 2 at 5 or more); one step alone never does (``limit`` must exceed
+            ``1 - slack``). Corroborating signals, which move with healthy learning, keep none. See
+            ``docs/guard.md``, "Sustained evidence".
         drift_guard: Keep the vote from falling while the reward distribution degenerates (drift signal).
         advantage_scale: The typical size of the advantages the trainer's policy gradient multiplies, for
             sizing the first raise of beta (:class:`~loopguard.control.BangBang`): ``1.0`` when the trainer
@@ -907,7 +909,7 @@ class Guard:
                     f"got {describe(evidence_fields.raw(key))}."
                 )
                 raise StateError(msg)
-            pair[0] = min(pair[0], limit)  # saved under a higher limit: at this Guard's limit
+            pair[0] = min(pair[0], limit)  # saved under a higher limit: this Guard's limit trips next
             evidence[key] = [pair[0], float(int(pair[1]))]
         return evidence
 
@@ -1283,9 +1285,10 @@ class Guard:
     def _sustain(self, detector: Detector, raw: dict[str, float], reading: _Reading) -> float | None:
         """The primary signal's sustained-evidence score (``cusum``; None: the rule does not apply).
 
-        Updates each statistic's CUSUM against the baseline. A statistic at the limit scores as at its HACK
-        band (or above, as far as this step's own excess goes); one below it scores nothing here: the rule
-        only adds HACK verdicts, it never adds a WARN.
+        Updates each statistic's CUSUM against the baseline. A statistic whose sum reaches the limit scores
+        as at its HACK band (or above, as far as this step's own excess goes) on this step, and its sum
+        starts again from 0; one below it scores nothing here: the rule only adds HACK verdicts, it never
+        adds a WARN.
         """
         memory = self._memories[detector.name]
         if self.cusum is None or detector.role != "primary" or memory.baseline is None:
@@ -1300,15 +1303,16 @@ class Guard:
             bands = {"sigma_warn": self.sigma_warn, "sigma_hack": self.sigma_hack}
             excess = metric.evidence(raw[metric.key], median, scale, **bands)
             total, steps = memory.evidence.get(metric.key, [0.0, 0.0])
-            total = min(limit, max(0.0, total + min(excess, 1.0) - slack))
+            total = max(0.0, total + min(excess, 1.0) - slack)
             steps = steps + 1.0 if total > 0.0 else 0.0
-            memory.evidence[metric.key] = [total, steps]
             scores[metric.key] = 0.0
             if total >= limit:
                 warn, hack = metric.bands(median, scale, **bands)
                 instant = band_score(metric.excess(raw[metric.key], median), warn=warn, hack=hack)
                 scores[metric.key] = max(HACK_LEVEL, instant)
                 tripped.append(f"{detector.name}.{metric.key} over {int(steps)} steps")
+                total, steps = 0.0, 0.0  # the rise is dated: count afresh (Page's rule)
+            memory.evidence[metric.key] = [total, steps]
         if not scores:
             return None
         pairs = {key: (value[0], value[1]) for key, value in memory.baseline.items()}

@@ -54,7 +54,8 @@ def rise(relative):
 
 def test_a_rise_below_the_hack_band_trips_after_the_steps_its_cusum_needs():
     # a rise of 1.125 is 0.75 HACK bands: it scores WARN on every step (0.1 + 0.2 * 0.625 = 0.225 < 0.3);
-    # less the slack 0.3 it adds 0.45 a step, so the sum reaches the limit 1.2 on the third step
+    # less the slack 0.3 it adds 0.45 a step, so the sum reaches the limit 1.2 on the third step, which reads
+    # HACK; the sum then starts again from 0 (Page's rule), and the rise is dated again three steps later
     guard = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0)
     off = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0, cusum=None)
     start = warmed(guard)
@@ -63,20 +64,25 @@ def test_a_rise_below_the_hack_band_trips_after_the_steps_its_cusum_needs():
     for step in range(start, start + 6):
         verdicts.append(guard.step(observation(step, rise(1.125))))
         plain.append(off.step(observation(step, rise(1.125))).verdict)
-    assert [d.verdict for d in verdicts] == ["WARN", "WARN", "HACK", "HACK", "HACK", "HACK"]
+    assert [d.verdict for d in verdicts] == ["WARN", "WARN", "HACK", "WARN", "WARN", "HACK"]
     assert plain == ["WARN"] * 6  # the rule off: no single step reaches the HACK band
     assert verdicts[2].scores["rm_ensemble"] == pytest.approx(0.30)
+    assert verdicts[3].scores["rm_ensemble"] == verdicts[0].scores["rm_ensemble"]  # the per-step score
     text = verdicts[2].explanation
     assert "Sustained rise: rm_ensemble.disagreement over 3 steps" in text
     assert "CUSUM" in text
-    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [1.2, 6.0]}
-    # back at the baseline: the sum falls below the limit at once, and HACK ends on that step (the
-    # smoothed instantaneous score, the median of the last three, still reads WARN)
-    back = guard.step(observation(start + 6, MEDIAN))
-    assert back.verdict == "WARN", back.explanation
-    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"] == pytest.approx(
-        [0.9, 7.0]
-    )
+    assert "Sustained" not in verdicts[3].explanation
+    memory = guard.state_dict()["detectors"]["rm_ensemble"]
+    assert memory["evidence"] == {"disagreement": [0.0, 0.0]}
+    guard.step(observation(start + 6, rise(1.125)))
+    evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
+    assert evidence == pytest.approx([0.45, 1.0])
+    # back at the baseline: the sum loses the slack each step, down to 0
+    guard.step(observation(start + 7, MEDIAN))
+    evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
+    assert evidence == pytest.approx([0.15, 2.0])
+    guard.step(observation(start + 8, MEDIAN))
+    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [0.0, 0.0]}
 
 
 def test_noise_below_the_slack_never_adds_up():
@@ -115,24 +121,20 @@ def test_the_evidence_resumes_from_a_saved_state_and_a_rollback_clears_it():
     guard = Guard([RMEnsemble(members=2)], beta=0.01, ladder=ladder, reference_steps=0)
     start = warmed(guard)
     guard.step(observation(start, rise(1.125)))
+    evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
+    assert evidence[0] == pytest.approx(0.45)
     resumed = Guard([RMEnsemble(members=2)], beta=0.01, ladder=ladder, reference_steps=0)
     resumed.load_state_dict(json.loads(json.dumps(guard.state_dict())))
     actions = []
-    for step in range(start + 1, start + 8):
-        decision, again = (
-            guard.step(observation(step, rise(1.125))),
-            resumed.step(observation(step, rise(1.125))),
-        )
-        assert (again.verdict, again.action, again.beta_after) == (
-            decision.verdict,
-            decision.action,
-            decision.beta_after,
-        )
+    for step in range(start + 1, start + 10):  # a rise past the HACK band on every step: the ladder acts
+        decision, again = guard.step(observation(step, rise(3.0))), resumed.step(observation(step, rise(3.0)))
+        mine = (decision.verdict, decision.action, decision.beta_after, decision.explanation)
+        assert (again.verdict, again.action, again.beta_after, again.explanation) == mine
         actions.append(decision.action)
         if decision.action == "rollback":
-            assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {}
             break
     assert actions[-1] == "rollback"
+    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {}
 
 
 def test_a_state_of_version_4_loads_without_evidence():
@@ -180,12 +182,14 @@ def test_a_bad_saved_evidence_is_refused_and_names_the_field(evidence, message):
 def test_a_saved_sum_above_this_guards_limit_is_taken_at_the_limit():
     guard = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0, cusum=(0.3, 3.0))
     start = warmed(guard)
-    for step in range(start, start + 8):
+    for step in range(start, start + 6):
         guard.step(observation(step, rise(1.125)))
-    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"][0] == pytest.approx(3.0)
+    evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
+    assert evidence[0] == pytest.approx(2.7)
     lower = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0)
     lower.load_state_dict(guard.state_dict())
     assert lower.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"][0] == 1.2
+    assert lower.step(observation(start + 6, rise(1.125))).verdict == "HACK"  # at its limit: dated at once
 
 
 @pytest.mark.parametrize(
