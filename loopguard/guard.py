@@ -678,7 +678,7 @@ class Guard:
         Example:
             >>> import json
             >>> json.loads(json.dumps(Guard(mode="log_only").state_dict()))["version"]
-            4
+            5
         """
         return {
             "version": STATE_VERSION,

@@ -435,7 +435,7 @@ def test_load_state_refuses_another_configuration():
     saved = Guard(beta=0.01).state_dict()
     with pytest.raises(ConfigError, match=re.escape("`state` was saved by a Guard with mode='kl_control', but this Guard has mode='pid_lagrangian'.")):
         Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
-    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 4, got 7.")):
+    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 5, got 7.")):
         Guard(beta=0.01).load_state_dict({**saved, "version": 7})
     with pytest.raises(StateError, match=re.escape("`state['detectors']` must have exactly the keys ['collapse', 'diversity', 'drift', 'length', 'repetition'], got missing ['collapse', 'diversity', 'drift', 'length', 'repetition'], unexpected []")):
         Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})
@@ -498,7 +498,9 @@ def test_closed_loop_contains_persistent_hack_pressure(mode):
     for high in vote[100:] >= 0.30:
         run_length = run_length + 1 if high else 0
         longest = max(longest, run_length)
-    assert longest <= 8
+    # 8 steps per-step alone; sustained evidence dates a rise a step sooner (pid_lagrangian: 9, with the
+    # looping share's peak 0.22 instead of 0.23)
+    assert longest <= 9
 
 
 # ------------------------------------------------------------------------- the targeted rung, the ceiling
