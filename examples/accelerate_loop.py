@@ -104,6 +104,7 @@ def run(
     register_state(accelerator, loop)
     steps_log: dict[str, dict[str, object]] = {}
     after_rollback: dict[str, str] = {}
+    checkpoint: str | None = None
     for step in range(1, steps + 1):
         log_probs_table = policy()
         dist = torch.distributions.Categorical(logits=log_probs_table)
@@ -131,6 +132,10 @@ def run(
         steps_log[str(step)] = {"action": applied.action, "beta": beta[0]}
         if applied.rolled_back_to is not None:
             after_rollback[str(step)] = digest(inner)
+            if checkpoint is None:  # the checkpoint the first rollback names, read now: keep_last may prune it later
+                named = Policy()
+                manager.restore(applied.rolled_back_to, named, rng=False)
+                checkpoint = digest(named)
         if applied.stop:
             break
     state_dir = os.path.join(folder, "state")
@@ -150,10 +155,8 @@ def run(
         state_round_trip=loop.state_dict() == before == read_state(state_dir),
         collectives=loop.sync.collectives,
     )
-    if loop.rollbacks:
-        model = Policy()
-        manager.restore(loop.rollbacks[0]["restored_step"], model, rng=False)
-        record["checkpoint"] = digest(model)
+    if checkpoint is not None:
+        record["checkpoint"] = checkpoint
     accelerator.end_training()
     return record
 

@@ -543,10 +543,12 @@ class Guard:
             ``sigma_hack`` = 5 noise scales where the noise sets it), or None to turn the rule off. After
             the warm-up, each statistic of a primary signal keeps Page's (1954) one-sided CUSUM of its
             excess over the baseline, ``S = max(0, S + min(u, 1) - slack)`` each step, with ``u`` the
-            step's excess in HACK bands; the step on which ``S`` reaches the limit reads HACK, and ``S``
-            starts again from 0 (Page's rule, as in :func:`loopguard.signals.cusum`). A rise that stays a
-            few noise scales above the baseline, too small for any single step to reach the HACK band, is
-            then dated within a few steps; how long HACK lasts stays with the per-step scores. Default
+            step's excess in HACK bands; the step on which ``S`` reaches the limit reads HACK. The rise is
+            then dated: the statistic trips again only after it has come back, by as much evidence the
+            other way (``S`` restarts at ``-limit`` and climbs by ``slack - u`` to 0), so a level that
+            stays raised trips once, not every few steps. A rise that stays a few noise scales above the
+            baseline, too small for any single step to reach the HACK band, is dated within a few steps;
+            how long HACK lasts stays with the per-step scores. Default
             ``(0.3, 1.2)``: steps more than 1.5 noise scales above the baseline add up, and 6 of them trip
             (4 steps at 3 scales, 2 at 5 or more); one step alone never does (``limit`` must exceed
             ``1 - slack``). Corroborating signals, which move with healthy learning, keep none. See
@@ -890,7 +892,10 @@ class Guard:
     def _decode_evidence(
         self, fields: Fields, metrics: dict[str, Any], baseline: dict[str, list[float]] | None, seen: int
     ) -> dict[str, list[float]]:
-        """A detector memory's sustained evidence: ``[sum, steps]`` per baseline statistic (absent: none)."""
+        """A detector memory's sustained evidence: ``[sum, steps]`` per baseline statistic (absent: none).
+
+        A sum below 0 is a dated rise on its way back (``-limit`` just after the trip); steps are then 0.
+        """
         if "evidence" not in fields:  # saved before the sustained-evidence rule (state version 4 or older)
             return {}
         evidence_fields = fields.sub("evidence", keys=None)
@@ -902,14 +907,15 @@ class Guard:
                 known = sorted(baseline or {})
                 msg = f"`{name}` must name a statistic of the baseline ({known}), got {key!r}."
                 raise StateError(msg)
-            pair = check_state_reals(name, evidence_fields.raw(key), lo=0.0, max_length=2)
-            if len(pair) != 2 or pair[1] != int(pair[1]) or pair[1] > seen:
+            pair = check_state_reals(name, evidence_fields.raw(key), max_length=2)
+            whole = len(pair) == 2 and 0 <= pair[1] <= seen and pair[1] == int(pair[1])
+            if not whole or pair[0] < 0 < pair[1]:
                 msg = (
-                    f"`{name}` must be [sum, steps] with a sum >= 0 and a whole number of steps <= {seen}, "
-                    f"got {describe(evidence_fields.raw(key))}."
+                    f"`{name}` must be [sum, steps] with a whole number of steps in [0, {seen}], and 0 steps "
+                    f"when the sum is below 0 (a dated rise), got {describe(evidence_fields.raw(key))}."
                 )
                 raise StateError(msg)
-            pair[0] = min(pair[0], limit)  # saved under a higher limit: this Guard's limit trips next
+            pair[0] = max(-limit, min(pair[0], limit))  # saved under another limit: clamp to this Guard's
             evidence[key] = [pair[0], float(int(pair[1]))]
         return evidence
 
@@ -1287,8 +1293,10 @@ class Guard:
 
         Updates each statistic's CUSUM against the baseline. A statistic whose sum reaches the limit scores
         as at its HACK band (or above, as far as this step's own excess goes) on this step, and its sum
-        starts again from 0; one below it scores nothing here: the rule only adds HACK verdicts, it never
-        adds a WARN.
+        drops to ``-limit``: the rise is dated, and the statistic must come back (steps within the slack
+        of the baseline, summed as the rise was) before it can trip again, so a level that stays raised
+        trips once, not every few steps. One below the limit scores nothing here: the rule only adds HACK
+        verdicts, it never adds a WARN.
         """
         memory = self._memories[detector.name]
         if self.cusum is None or detector.role != "primary" or memory.baseline is None:
@@ -1303,15 +1311,19 @@ class Guard:
             bands = {"sigma_warn": self.sigma_warn, "sigma_hack": self.sigma_hack}
             excess = metric.evidence(raw[metric.key], median, scale, **bands)
             total, steps = memory.evidence.get(metric.key, [0.0, 0.0])
+            scores[metric.key] = 0.0
+            if total < 0.0:  # a dated rise: steps back within the slack climb to 0, steps above push down
+                total = min(0.0, max(-limit, total + slack - min(max(excess, 0.0), 1.0)))
+                memory.evidence[metric.key] = [total, 0.0]
+                continue
             total = max(0.0, total + min(excess, 1.0) - slack)
             steps = steps + 1.0 if total > 0.0 else 0.0
-            scores[metric.key] = 0.0
             if total >= limit:
                 warn, hack = metric.bands(median, scale, **bands)
                 instant = band_score(metric.excess(raw[metric.key], median), warn=warn, hack=hack)
                 scores[metric.key] = max(HACK_LEVEL, instant)
                 tripped.append(f"{detector.name}.{metric.key} over {int(steps)} steps")
-                total, steps = 0.0, 0.0  # the rise is dated: count afresh (Page's rule)
+                total, steps = -limit, 0.0  # the rise is dated: it must come back before it trips again
             memory.evidence[metric.key] = [total, steps]
         if not scores:
             return None

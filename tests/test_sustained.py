@@ -55,33 +55,59 @@ def rise(relative):
 def test_a_rise_below_the_hack_band_trips_after_the_steps_its_cusum_needs():
     # a rise of 1.125 is 0.75 HACK bands: it scores WARN on every step (0.1 + 0.2 * 0.625 = 0.225 < 0.3);
     # less the slack 0.3 it adds 0.45 a step, so the sum reaches the limit 1.2 on the third step, which reads
-    # HACK; the sum then starts again from 0 (Page's rule), and the rise is dated again three steps later
+    # HACK; the rise is then dated (the sum drops to -1.2), and while it stays up it does not trip again
     guard = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0)
     off = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0, cusum=None)
     start = warmed(guard)
     warmed(off)
     verdicts, plain = [], []
-    for step in range(start, start + 6):
+    for step in range(start, start + 12):
         verdicts.append(guard.step(observation(step, rise(1.125))))
         plain.append(off.step(observation(step, rise(1.125))).verdict)
-    assert [d.verdict for d in verdicts] == ["WARN", "WARN", "HACK", "WARN", "WARN", "HACK"]
-    assert plain == ["WARN"] * 6  # the rule off: no single step reaches the HACK band
+    assert [d.verdict for d in verdicts] == ["WARN", "WARN", "HACK"] + ["WARN"] * 9
+    assert plain == ["WARN"] * 12  # the rule off: no single step reaches the HACK band
     assert verdicts[2].scores["rm_ensemble"] == pytest.approx(0.30)
     assert verdicts[3].scores["rm_ensemble"] == verdicts[0].scores["rm_ensemble"]  # the per-step score
     text = verdicts[2].explanation
     assert "Sustained rise: rm_ensemble.disagreement over 3 steps" in text
     assert "CUSUM" in text
     assert "Sustained" not in verdicts[3].explanation
-    memory = guard.state_dict()["detectors"]["rm_ensemble"]
-    assert memory["evidence"] == {"disagreement": [0.0, 0.0]}
-    guard.step(observation(start + 6, rise(1.125)))
+    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [-1.2, 0.0]}
+
+
+def test_a_dated_rise_must_come_back_before_it_trips_again():
+    # after the trip the sum sits at -1.2; each step back at the baseline (0 bands) climbs by the slack 0.3,
+    # so four of them re-arm the rule, and the same rise is then dated again three steps later
+    guard = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0)
+    step = warmed(guard)
+    for step in range(step, step + 3):
+        decision = guard.step(observation(step, rise(1.125)))
+    assert decision.verdict == "HACK"
+    sums = []
+    for step in range(step + 1, step + 5):
+        guard.step(observation(step, MEDIAN))
+        sums.append(guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"])
+    assert sums == [pytest.approx([value, 0.0]) for value in (-0.9, -0.6, -0.3, 0.0)]
+    verdicts = [guard.step(observation(s, rise(1.125))).verdict for s in range(step + 1, step + 4)]
+    assert verdicts == ["OK", "WARN", "HACK"]  # OK: the median-of-3 smoother still holds two calm steps
+    # a step partly back (0.15 bands: half the slack) climbs by only 0.15; a step above the slack (0.75
+    # bands) pushes the sum back down, never below -1.2
+    step += 4
+    for relative, expected in ((0.225, -1.05), (1.125, -1.2), (1.125, -1.2), (0.225, -1.05)):
+        step += 1
+        guard.step(observation(step, rise(relative)))
+        evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
+        assert evidence == pytest.approx([expected, 0.0])
+    # while armed, a sum above 0 falls back by the slack on each step at the baseline, down to 0
+    for step in range(step + 1, step + 8):
+        guard.step(observation(step, MEDIAN))
+    guard.step(observation(step + 1, rise(1.125)))
     evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
     assert evidence == pytest.approx([0.45, 1.0])
-    # back at the baseline: the sum loses the slack each step, down to 0
-    guard.step(observation(start + 7, MEDIAN))
+    guard.step(observation(step + 2, MEDIAN))
     evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
     assert evidence == pytest.approx([0.15, 2.0])
-    guard.step(observation(start + 8, MEDIAN))
+    guard.step(observation(step + 3, MEDIAN))
     assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [0.0, 0.0]}
 
 
@@ -156,12 +182,13 @@ def test_a_state_of_version_4_loads_without_evidence():
     ("evidence", "message"),
     [
         ({"nope": [0.1, 1.0]}, "must name a statistic of the baseline (['disagreement']), got 'nope'"),
-        ({"disagreement": [-0.1, 1.0]}, "must be >= 0"),
+        ({"disagreement": [-0.1, 1.0]}, "and 0 steps when the sum is below 0 (a dated rise)"),
         (
             {"disagreement": [0.5, 1.5]},
-            "must be [sum, steps] with a sum >= 0 and a whole number of steps <= 22",
+            "must be [sum, steps] with a whole number of steps in [0, 22]",
         ),
-        ({"disagreement": [0.5, 99.0]}, "a whole number of steps <= 22"),
+        ({"disagreement": [0.5, 99.0]}, "a whole number of steps in [0, 22]"),
+        ({"disagreement": [0.5, -1.0]}, "a whole number of steps in [0, 22]"),
         ({"disagreement": [0.5]}, "must be [sum, steps]"),
         ({"disagreement": [float("nan"), 1.0]}, "must be finite"),
     ],
@@ -190,6 +217,21 @@ def test_a_saved_sum_above_this_guards_limit_is_taken_at_the_limit():
     lower.load_state_dict(guard.state_dict())
     assert lower.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"][0] == 1.2
     assert lower.step(observation(start + 6, rise(1.125))).verdict == "HACK"  # at its limit: dated at once
+
+
+def test_a_dated_rise_is_saved_and_a_deeper_one_is_taken_at_this_guards_minus_limit():
+    guard = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0, cusum=(0.3, 3.0))
+    start = warmed(guard)
+    for step in range(start, start + 8):  # 0.45 a step: the sum reaches 3.0 on the seventh step
+        decision = guard.step(observation(step, rise(1.125)))
+    assert decision.verdict == "WARN"
+    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [-3.0, 0.0]}
+    lower = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0)
+    lower.load_state_dict(json.loads(json.dumps(guard.state_dict())))
+    assert lower.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [-1.2, 0.0]}
+    # still dated after the resume: the raised level does not trip it again
+    verdicts = [lower.step(observation(step, rise(1.125))).verdict for step in range(start + 8, start + 14)]
+    assert "HACK" not in verdicts
 
 
 @pytest.mark.parametrize(

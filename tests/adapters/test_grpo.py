@@ -441,7 +441,7 @@ def test_a_version_2_mitigator_state_still_loads_and_gives_its_onset_to_the_guar
         key: value for key, value in guard_state["config"].items() if key != "reference_steps"
     }
     guard_state["detectors"] = {
-        name: {key: value for key, value in memory.items() if key != "reference"}
+        name: {key: value for key, value in memory.items() if key not in ("reference", "evidence")}
         for name, memory in guard_state["detectors"].items()
     }
     old = {**state, "version": 2, "onset": 4, "guard": {**guard_state, "version": 1}}  # as loopguard wrote it
