@@ -132,7 +132,7 @@ def run(
         steps_log[str(step)] = {"action": applied.action, "beta": beta[0]}
         if applied.rolled_back_to is not None:
             after_rollback[str(step)] = digest(inner)
-            if checkpoint is None:  # the checkpoint the first rollback names, read now: keep_last may prune it later
+            if checkpoint is None:  # the first rollback's checkpoint, read now (keep_last may prune it)
                 named = Policy()
                 manager.restore(applied.rolled_back_to, named, rng=False)
                 checkpoint = digest(named)

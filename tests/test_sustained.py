@@ -79,36 +79,27 @@ def test_a_dated_rise_must_come_back_before_it_trips_again():
     # after the trip the sum sits at -1.2; each step back at the baseline (0 bands) climbs by the slack 0.3,
     # so four of them re-arm the rule, and the same rise is then dated again three steps later
     guard = Guard([RMEnsemble(members=2)], mode="log_only", reference_steps=0)
-    step = warmed(guard)
-    for step in range(step, step + 3):
-        decision = guard.step(observation(step, rise(1.125)))
-    assert decision.verdict == "HACK"
-    sums = []
-    for step in range(step + 1, step + 5):
-        guard.step(observation(step, MEDIAN))
-        sums.append(guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"])
+    steps = iter(range(warmed(guard), 10_000))
+
+    def feed(disagreement):
+        decision = guard.step(observation(next(steps), disagreement))
+        return decision.verdict, guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
+
+    assert [feed(rise(1.125))[0] for _ in range(3)][-1] == "HACK"
+    sums = [feed(MEDIAN)[1] for _ in range(4)]
     assert sums == [pytest.approx([value, 0.0]) for value in (-0.9, -0.6, -0.3, 0.0)]
-    verdicts = [guard.step(observation(s, rise(1.125))).verdict for s in range(step + 1, step + 4)]
-    assert verdicts == ["OK", "WARN", "HACK"]  # OK: the median-of-3 smoother still holds two calm steps
+    # OK first: the median-of-3 smoother still holds two calm steps
+    assert [feed(rise(1.125))[0] for _ in range(3)] == ["OK", "WARN", "HACK"]
     # a step partly back (0.15 bands: half the slack) climbs by only 0.15; a step above the slack (0.75
     # bands) pushes the sum back down, never below -1.2
-    step += 4
     for relative, expected in ((0.225, -1.05), (1.125, -1.2), (1.125, -1.2), (0.225, -1.05)):
-        step += 1
-        guard.step(observation(step, rise(relative)))
-        evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
-        assert evidence == pytest.approx([expected, 0.0])
+        assert feed(rise(relative))[1] == pytest.approx([expected, 0.0])
     # while armed, a sum above 0 falls back by the slack on each step at the baseline, down to 0
-    for step in range(step + 1, step + 8):
-        guard.step(observation(step, MEDIAN))
-    guard.step(observation(step + 1, rise(1.125)))
-    evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
-    assert evidence == pytest.approx([0.45, 1.0])
-    guard.step(observation(step + 2, MEDIAN))
-    evidence = guard.state_dict()["detectors"]["rm_ensemble"]["evidence"]["disagreement"]
-    assert evidence == pytest.approx([0.15, 2.0])
-    guard.step(observation(step + 3, MEDIAN))
-    assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [0.0, 0.0]}
+    for _ in range(7):
+        feed(MEDIAN)
+    assert feed(rise(1.125))[1] == pytest.approx([0.45, 1.0])
+    assert feed(MEDIAN)[1] == pytest.approx([0.15, 2.0])
+    assert feed(MEDIAN)[1] == [0.0, 0.0]
 
 
 def test_noise_below_the_slack_never_adds_up():
