@@ -1312,18 +1312,17 @@ class Guard:
             excess = metric.evidence(raw[metric.key], median, scale, **bands)
             total, steps = memory.evidence.get(metric.key, [0.0, 0.0])
             scores[metric.key] = 0.0
-            if total < 0.0:  # a dated rise: steps back within the slack climb to 0, steps above push down
+            if total < 0.0:  # a dated rise (steps 0): steps back within the slack climb to 0, above push down
                 total = min(0.0, max(-limit, total + slack - min(max(excess, 0.0), 1.0)))
-                memory.evidence[metric.key] = [total, 0.0]
-                continue
-            total = max(0.0, total + min(excess, 1.0) - slack)
-            steps = steps + 1.0 if total > 0.0 else 0.0
-            if total >= limit:
-                warn, hack = metric.bands(median, scale, **bands)
-                instant = band_score(metric.excess(raw[metric.key], median), warn=warn, hack=hack)
-                scores[metric.key] = max(HACK_LEVEL, instant)
-                tripped.append(f"{detector.name}.{metric.key} over {int(steps)} steps")
-                total, steps = -limit, 0.0  # the rise is dated: it must come back before it trips again
+            else:
+                total = max(0.0, total + min(excess, 1.0) - slack)
+                steps = steps + 1.0 if total > 0.0 else 0.0
+                if total >= limit:
+                    warn, hack = metric.bands(median, scale, **bands)
+                    instant = band_score(metric.excess(raw[metric.key], median), warn=warn, hack=hack)
+                    scores[metric.key] = max(HACK_LEVEL, instant)
+                    tripped.append(f"{detector.name}.{metric.key} over {int(steps)} steps")
+                    total, steps = -limit, 0.0  # the rise is dated: it must come back before it trips again
             memory.evidence[metric.key] = [total, steps]
         if not scores:
             return None
