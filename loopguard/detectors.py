@@ -563,6 +563,8 @@ class Takeover(_NgramDetector):
     keep: int = attrs.field(default=4096, validator=integer(lo=16, hi=1_000_000))
     margin: float = attrs.field(default=4.0, validator=real(lo=0.0, hi=10.0))
     window: int = attrs.field(default=2, validator=integer(lo=1, hi=8))
+    # the reference pool as arrays, with the lists they were made from (see _reference_counts)
+    _arrays: dict[str, Any] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
     def __attrs_post_init__(self) -> None:
         """Check the bands."""
@@ -590,7 +592,7 @@ class Takeover(_NgramDetector):
             return {}
         if not memory.get("rows") or rows == 0 or len(keys) == 0:
             return {}
-        reference, pooled = _reference_counts(memory, keys), float(memory["rows"])
+        reference, pooled = self._reference_counts(memory, keys), float(memory["rows"])
         p, q = counts / rows, reference / pooled
         # the spread of each share uses (k + 1) / (n + 2), so a share of 0 or 1 still has one (Agresti-Coull)
         p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
@@ -623,6 +625,20 @@ class Takeover(_NgramDetector):
     def on_rollback(self, memory: dict[str, Any]) -> None:
         """The batches rolled back leave the window: the restored policy is scored on its own batches."""
         memory.pop("previous", None)
+
+    def _reference_counts(self, memory: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
+        """How many reference completions contain each of ``keys`` (the pruning floor for those not kept).
+
+        The pool's lists become arrays once per pool, not once per step: :meth:`_pool` and a loaded state
+        replace the lists, never change them in place, so the arrays stay those of the lists they were
+        made from while the same list objects are in ``memory``.
+        """
+        stored, values = memory["keys"], memory["counts"]
+        cached = self._arrays.get("reference")
+        if cached is None or cached[0] is not stored or cached[1] is not values:
+            arrays = np.asarray(stored, dtype=np.uint64), np.asarray(values, dtype=np.float64)
+            cached = self._arrays["reference"] = (stored, values, *arrays)
+        return _lookup(cached[2], cached[3], keys, memory.get("floor", 0))
 
     def top_ngram(self, data: StepData, memory: dict[str, Any]) -> tuple[int, ...] | None:
         """The token ids of the n-gram :meth:`measure` scored this batch by (its most over-represented one).
@@ -718,11 +734,6 @@ def _lookup(stored: object, values: object, keys: NDArray[np.uint64], default: f
     found = stored_keys[position] == keys
     found_values[found] = np.asarray(values, dtype=np.float64)[position[found]]
     return found_values
-
-
-def _reference_counts(memory: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
-    """How many reference completions contain each of ``keys`` (the pruning floor for those not kept)."""
-    return _lookup(memory["keys"], memory["counts"], keys, memory.get("floor", 0))
 
 
 def _held_before(batch: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:

@@ -203,6 +203,28 @@ def test_takeover_memory_round_trips_and_is_validated():
         Takeover(bands=(0.5, 0.2))
 
 
+def test_takeover_scores_against_the_pool_in_its_memory_when_one_detector_serves_two_guards():
+    # the pool's arrays are kept between steps; a loaded state brings another pool, which must be the one read
+    shared = Takeover()
+    first = Guard([shared], mode="log_only", warmup_steps=5)
+    for step in range(6):
+        first.step(with_phrase(step, 0.1))  # a pool where the phrase is rare
+    other = Guard([Takeover()], mode="log_only", warmup_steps=5)
+    for step in range(6):
+        other.step(with_phrase(step, 0.6))  # a pool where it is common
+    reloaded = Guard([shared], mode="log_only", warmup_steps=5)
+    reloaded.load_state_dict(other.state_dict())
+    fresh = Guard([Takeover()], mode="log_only", warmup_steps=5)
+    fresh.load_state_dict(other.state_dict())
+    runs: dict[str, list[float]] = {"reloaded": [], "fresh": [], "first": []}
+    for step in range(6, 10):
+        observation = with_phrase(step, 0.9)
+        for name, guard in (("reloaded", reloaded), ("fresh", fresh), ("first", first)):
+            runs[name].append(guard.step(observation).raw["takeover.excess_share"])
+    assert runs["reloaded"] == runs["fresh"]
+    assert runs["reloaded"][-1] < runs["first"][-1] - 0.2  # the common phrase rose less over its pool
+
+
 def _with_word(step: int, share: float) -> Observation:
     """Healthy completions; the first ``share`` of them start with the word 9100."""
     observation = healthy(step, seed=5)
