@@ -1190,9 +1190,20 @@ class JudgeGap(Detector):
     reference completions share it (a pass/fail check or a grade has a top it cannot pass), else none.
     Normal scores stop at the reference sample's range (about 2.3 standard deviations with 48 reference
     samples): a judge that saturates (a probability near 1) cannot say "better still", and read that way
-    no judge's ceiling reads as a gap. The price: once a healthy run has taken the judges past the top of
-    their reference range, a hack that starts there is not seen by this signal (a larger reference sample
-    widens the range).
+    no judge's ceiling reads as a gap.
+
+    Read against the reference sample alone, a hack that starts once a healthy run has taken the policy
+    past the top of that range is not seen: every member reads the top score. So the batch is also read
+    against a *recent pool*, the ``recent`` batches that ended ``lag`` batches earlier (the ``recent``
+    statistic, held over the window like ``gap``): a trained reward that has risen since then by more than
+    its judges confirm reads as a gap wherever the run is. There, each judge's :math:`r_k` is the lower of
+    its reference agreement and its correlation with the trained reward on the pool's own normal scores
+    (at least 0), its ceiling is the pool's, and the gap per completion is the :math:`r_k`-weighted mean
+    over judges: a judge that has saturated where the run now is (a probability near 1, whose noise then
+    outweighs what it still sees) expects less and counts less, instead of reading the healthy rise it can
+    no longer follow as a gap. The reading sees a hack that builds within about ``lag`` batches; one that
+    grows more slowly looks like the policy's own past. The recent batches are forgotten at a rollback (the
+    reading restarts ``lag + recent`` batches later). ``lag=0`` keeps only the reference reading.
 
     Only judges whose reference correlation with the trained reward is at least ``min_agreement`` count: a
     function logged beside the reward that measures something else (a length or a format check) is not a
@@ -1210,6 +1221,10 @@ class JudgeGap(Detector):
         margin: Standard errors of the batch mean subtracted, in [0, 10]. Default 2.
         window: Consecutive batches, the newest included, over which the gap must hold, in [1, 8]. Default 2.
         reference_size: Reference completions kept (the first ones), in [8, 100,000]. Default 4096.
+        lag: Batches between the newest one and the end of the recent pool, in [0, 256]; 0 turns the
+            recent reading off. Default 10.
+        recent: Batches in the recent pool, in [1, 16] (each keeps at most ``reference_size // recent``
+            completions). Default 5.
     """
 
     name: ClassVar[str] = "judge_gap"
@@ -1225,6 +1240,8 @@ class JudgeGap(Detector):
     margin: float = attrs.field(default=2.0, validator=real(lo=0.0, hi=10.0))
     window: int = attrs.field(default=2, validator=integer(lo=1, hi=8))
     reference_size: int = attrs.field(default=4096, validator=integer(lo=8, hi=100_000))
+    lag: int = attrs.field(default=10, validator=integer(lo=0, hi=256))
+    recent: int = attrs.field(default=5, validator=integer(lo=1, hi=16))
 
     def __attrs_post_init__(self) -> None:
         """A trained reward and at least one judge; ordered bands."""
@@ -1237,20 +1254,22 @@ class JudgeGap(Detector):
         return _member_count(self.members)
 
     def metrics(self) -> tuple[Metric, ...]:
-        """The held lower bound of the gap, on absolute bands only."""
+        """The held lower bounds of the gap (reference and recent readings), on absolute bands only."""
         warn, hack = self.bands
-        return (
-            Metric(
-                "gap", "up", False, warn, hack, unit="{:.3g}", absolute=self.bands, baseline=False,
-            ),
-        )  # fmt: skip
+        keys = ("gap", "recent") if self.lag else ("gap",)
+        return tuple(
+            Metric(key, "up", False, warn, hack, unit="{:.3g}", absolute=self.bands, baseline=False)
+            for key in keys
+        )
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
-        """Collect the reference sample; then the gap of this batch, held over the window."""
+        """Collect the reference sample; then the gap of this batch (both readings), held over the window."""
         scores = data.observation.ensemble_scores
         if scores is None or scores.shape[0] < 2:
             return None
-        if not self._collect(memory, scores, data):
+        closed = self._collect(memory, scores, data)
+        history = self._history(memory, scores)
+        if not closed:
             return {}
         agreement = memory["agreement"]
         judges = [
@@ -1261,19 +1280,70 @@ class JudgeGap(Detector):
         if agreement[0] is None or not judges or scores.shape[1] < 2:
             return {}
         r = np.asarray([agreement[k] for k in judges], dtype=np.float64)
-        reference = memory["reference"]
+        raw: dict[str, float] = {}
+        gap = self._held(memory, "previous", self._bound(memory["reference"], r, judges, scores))
+        if gap is not None:
+            raw["gap"] = gap
+        if history is not None:
+            rows = [np.concatenate(member) for member in zip(*history[: self.recent], strict=True)]
+            pool = [np.sort(row) for row in rows]
+            members = (0, *judges)
+            agree = np.minimum(r, _pool_agreement([rows[k] for k in members], [pool[k] for k in members]))
+            if agree.sum() > 0.0:
+                bound = self._bound(pool, agree, judges, scores, weights=agree, two_sample=True)
+                recent = self._held(memory, "recent_previous", bound)
+                if recent is not None:
+                    raw["recent"] = recent
+            else:  # no judge agrees with the trained reward where the run now is: nothing to read
+                memory.pop("recent_previous", None)
+        return raw
+
+    def _bound(
+        self,
+        reference: Sequence[Sequence[float]] | Sequence[NDArray[np.float64]],
+        r: NDArray[np.float64],
+        judges: list[int],
+        scores: NDArray[np.float64],
+        *,
+        weights: NDArray[np.float64] | None = None,
+        two_sample: bool = False,
+    ) -> float:
+        """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows.
+
+        The gap per completion is the mean over judges, or their ``weights`` average (a positive total).
+        With ``two_sample``, the reference rows are a sample as small as the batch's few neighbours (the
+        recent pool), and the standard error counts its noise too: ``sd * sqrt(1 / batch + 1 / pool)``.
+        """
         z = [_normal_scores(reference[k], scores[k]) for k in (0, *judges)]
         ceilings = np.asarray([_ceiling(reference[k]) for k in judges], dtype=np.float64)
         expected = np.minimum(r[:, None] * z[0], ceilings[:, None])  # no judge can confirm past its ceiling
-        per_sample = np.mean(expected - np.asarray(z[1:]), axis=0)
-        spread = float(np.std(per_sample, ddof=1)) / math.sqrt(len(per_sample))
-        bound = float(np.mean(per_sample)) - self.margin * spread
-        earlier = [float(value) for value in memory.get("previous", [])]
+        per_sample = np.average(expected - np.asarray(z[1:]), axis=0, weights=weights)
+        count = len(per_sample)
+        pooled = 1.0 / len(reference[0]) if two_sample else 0.0
+        spread = float(np.std(per_sample, ddof=1)) * math.sqrt(1.0 / count + pooled)
+        return float(np.mean(per_sample)) - self.margin * spread
+
+    def _held(self, memory: dict[str, Any], key: str, bound: float) -> float | None:
+        """The lowest bound over the window, the newest included (None until the window is full)."""
+        earlier = [float(value) for value in memory.get(key, [])]
         if self.window > 1:
-            memory["previous"] = [*earlier, bound][1 - self.window :]
+            memory[key] = [*earlier, bound][1 - self.window :]
         if len(earlier) < self.window - 1:  # the window is not full yet: no batch trips it alone
-            return {}
-        return {"gap": min([bound, *earlier])}
+            return None
+        return min([bound, *earlier])
+
+    def _history(self, memory: dict[str, Any], scores: NDArray[np.float64]) -> list[list[list[float]]] | None:
+        """The batches before this one, oldest first, once ``lag + recent - 1`` are kept; then keep this one.
+
+        Each batch keeps at most ``reference_size // recent`` completions, so the recent pool is never
+        larger than the reference sample.
+        """
+        if self.lag == 0:
+            return None
+        kept = self.lag + self.recent - 1
+        earlier: list[list[list[float]]] = memory.get("history", [])  # members checked by _collect
+        memory["history"] = [*earlier, scores[:, : self.reference_size // self.recent].tolist()][-kept:]
+        return earlier if len(earlier) == kept else None
 
     def _collect(self, memory: dict[str, Any], scores: NDArray[np.float64], data: StepData) -> bool:
         """Add the batch to the reference sample while it is open; True once it is closed (and read)."""
@@ -1312,8 +1382,9 @@ class JudgeGap(Detector):
             self._freeze(memory)
 
     def on_rollback(self, memory: dict[str, Any]) -> None:
-        """The batches rolled back leave the window."""
-        memory.pop("previous", None)
+        """The batches rolled back leave the windows and the recent batches (the recent reading restarts)."""
+        for key in ("previous", "recent_previous", "history"):
+            memory.pop(key, None)
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Memory: the reference sample (per member; sorted with ``agreement`` once ``frozen``), the window.
@@ -1321,9 +1392,13 @@ class JudgeGap(Detector):
         ``reference``: each member's reference scores, column-aligned while the sample is open, sorted once
         it is closed; ``batches``, ``from_reference``, ``frozen``; ``agreement``: each member's reference
         correlation with the trained reward (None: no spread), once frozen; ``previous``: the window's
-        earlier lower bounds.
+        earlier lower bounds; ``history``: the latest batches (oldest first, at most ``lag + recent - 1``;
+        each one row per member); ``recent_previous``: the recent reading's earlier lower bounds.
         """
-        keys = ("reference", "batches", "from_reference", "frozen", "agreement", "previous")
+        keys = (
+            "reference", "batches", "from_reference", "frozen", "agreement", "previous", "history",
+            "recent_previous",
+        )  # fmt: skip
         fields = _memory_fields(memory, path, keys)
         if not fields.names():
             return {}
@@ -1374,11 +1449,56 @@ class JudgeGap(Detector):
                 )
                 raise StateError(msg)
             checked["agreement"] = agreement
-        if "previous" in fields:
-            checked["previous"] = check_state_reals(
-                fields.name("previous"), fields.raw("previous"), max_length=self.window - 1
-            )
+        for key in ("previous", "recent_previous"):
+            if key in fields:
+                checked[key] = check_state_reals(
+                    fields.name(key), fields.raw(key), max_length=self.window - 1
+                )
+        if "history" in fields:
+            checked["history"] = self._check_history(fields, len(reference))
         return checked
+
+    def _check_history(self, fields: Fields, members: int) -> list[list[list[float]]]:
+        """The saved recent batches: at most ``lag + recent - 1``, each one row of scores per member."""
+        name = fields.name("history")
+        if self.lag == 0:
+            msg = f"`{name}` is kept only with a recent reading, and this judge_gap has lag=0."
+            raise StateError(msg)
+        history: list[list[list[float]]] = []
+        for index, batch in enumerate(fields.items("history", max_length=self.lag + self.recent - 1)):
+            if not isinstance(batch, list) or len(batch) != members:
+                msg = (
+                    f"`{name}[{index}]` must hold one row of scores per member ({members}), got "
+                    f"{describe(batch)}."
+                )
+                raise StateError(msg)
+            rows = [
+                check_state_reals(f"{name}[{index}][{k}]", row, max_length=self.reference_size // self.recent)
+                for k, row in enumerate(batch)
+            ]
+            if not rows[0] or any(len(row) != len(rows[0]) for row in rows):
+                lengths = sorted({len(row) for row in rows})
+                msg = f"`{name}[{index}]` must hold non-empty rows of one length, got lengths {lengths}."
+                raise StateError(msg)
+            history.append(rows)
+        return history
+
+
+def _pool_agreement(
+    rows: Sequence[NDArray[np.float64]], ordered: Sequence[NDArray[np.float64]]
+) -> NDArray[np.float64]:
+    """Each judge's correlation with the trained reward (``rows[0]``) on normal scores of the pool itself.
+
+    At least 0; 0 for a member with no spread in the pool.
+    """
+    z = [_normal_scores(ordered[k], rows[k]) for k in range(len(rows))]
+    agreement = np.zeros(len(rows) - 1, dtype=np.float64)
+    if np.ptp(z[0]) == 0.0:
+        return agreement
+    for k in range(1, len(rows)):
+        if np.ptp(z[k]) > 0.0:
+            agreement[k - 1] = max(0.0, float(np.corrcoef(z[0], z[k])[0, 1]))
+    return agreement
 
 
 @functools.lru_cache(maxsize=64)
@@ -1390,7 +1510,7 @@ def _probits(n: int) -> NDArray[np.float64]:
     return table
 
 
-def _ceiling(reference: Sequence[float]) -> float:
+def _ceiling(reference: Sequence[float] | NDArray[np.float64]) -> float:
     """The highest normal score a judge can give: its top reference score's, if several share it (a grade).
 
     A judge whose best reference score was given once may score higher still (no ceiling is known).
@@ -1400,7 +1520,9 @@ def _ceiling(reference: Sequence[float]) -> float:
     return float(_probits(n)[2 * n - tied]) if tied >= 2 else math.inf
 
 
-def _normal_scores(reference: Sequence[float], values: NDArray[np.float64]) -> NDArray[np.float64]:
+def _normal_scores(
+    reference: Sequence[float] | NDArray[np.float64], values: NDArray[np.float64]
+) -> NDArray[np.float64]:
     """Each value's normal score among the sorted ``reference`` (its mid-rank's probit; see JudgeGap)."""
     ordered = np.asarray(reference, dtype=np.float64)
     below = np.searchsorted(ordered, values, side="left")

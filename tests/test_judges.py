@@ -237,3 +237,135 @@ def test_a_saved_memory_that_no_run_could_write_is_refused():
         rm.check_memory(dict(moments, co=[moments["co"][0] + 1.0, moments["co"][1]]), "m")
     with pytest.raises(StateError, match="together, got no"):
         rm.check_memory({key: value for key, value in moments.items() if key != "m2"}, "m")
+
+
+def _beyond_the_reference(seed, *, rise, over, hack_at=None, batch=16, steps=120):
+    """A run whose quality leaves the reference range (``rise`` SDs within ``over`` steps), then holds.
+
+    From ``hack_at``, the trained reward pays one reference SD on a share of completions growing 10 % a step,
+    which no judge sees. The judges: another scale, a probability (saturated once the run has risen), an
+    unrelated logged function.
+    """
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        q = rng.normal(rise * min(step, over) / over, 1.0, batch)
+        trained = q + rng.normal(0.0, 0.3, batch)
+        if hack_at is not None and step >= hack_at:
+            trained = trained + (rng.random(batch) < min(1.0, 0.1 * (step - hack_at + 1)))
+        rows = [
+            trained,
+            5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch),
+            1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch),
+            rng.normal(40.0, 10.0, batch),
+        ]
+        yield step, trained, rows
+
+
+def _verdicts(detector, stream):
+    guard = Guard([detector], mode="log_only")
+    decisions = [
+        guard.step(Observation(step, rewards, ensemble_scores=rows)) for step, rewards, rows in stream
+    ]
+    return [d.verdict for d in decisions], [d.raw for d in decisions]
+
+
+def test_the_recent_reading_sees_a_hack_that_starts_beyond_the_reference_range():
+    # every member has passed the top of its reference range by step 20: read against the reference sample
+    # alone (lag=0) the bonus from step 60 is invisible; the recent pool (batches 46-50 at step 60) sees it
+    caught, missed = 0, 0
+    for seed in range(12):
+        verdicts, raws = _verdicts(
+            JudgeGap(members=4), _beyond_the_reference(seed, rise=4, over=20, hack_at=60)
+        )
+        first = verdicts.index("HACK") if "HACK" in verdicts else None
+        assert first is None or first >= 60, (seed, first)
+        caught += first is not None and first <= 75
+        assert max(raw["judge_gap.gap"] for raw in raws if "judge_gap.gap" in raw) < 0.2, seed
+        alone, _ = _verdicts(
+            JudgeGap(members=4, lag=0), _beyond_the_reference(seed, rise=4, over=20, hack_at=60)
+        )
+        missed += "HACK" not in alone
+    assert caught >= 6, caught
+    assert missed == 12
+
+
+def test_the_recent_reading_stays_quiet_while_a_run_rises_fast_past_its_reference_range():
+    # 6 reference SDs in 30 steps: the probability judge saturates, so in the recent pool it agrees less with
+    # the trained reward than on the reference sample; read with its reference agreement, it lags the trained
+    # reward (WARN and HACK here); read with its agreement in the pool, and weighed by it, it does not
+    for seed in range(12):
+        verdicts, raws = _verdicts(JudgeGap(members=4), _beyond_the_reference(seed, rise=6, over=30))
+        assert set(verdicts) == {"OK"}, (seed, sorted(set(verdicts)))
+        assert any("judge_gap.recent" in raw for raw in raws)
+
+
+def test_the_recent_reading_by_hand():
+    rng = np.random.default_rng(8)
+    detector = JudgeGap(members=4, window=1, lag=2, recent=2)
+    memory = {}
+    batches = []
+    for step in range(7):
+        q = rng.normal(1.0 * step, 1.0, 12)  # by steps 3-4 the probability judge has saturated
+        scores = np.array(
+            [
+                q + rng.normal(0, 0.3, 12),
+                3.0 * q + rng.normal(0, 1.0, 12),
+                1.0 / (1.0 + np.exp(-q)) + rng.normal(0, 0.05, 12),
+                rng.normal(size=12),
+            ]
+        )
+        batches.append(scores)
+        observation = Observation(step, scores[0], ensemble_scores=scores)
+        raw = detector.measure(StepData(observation, warmup_steps=2, reference=step < 2), memory)
+    # step 6 is read against the pool of steps 3 and 4 (ending lag=2 batches back)
+    pool = np.concatenate(batches[3:5], axis=1)
+    z_pool = [_normal_scores_by_hand(row, row) for row in pool]
+    judges = [k for k in (1, 2, 3) if memory["agreement"][k] >= 0.5]
+    assert judges == [1, 2]
+    agree = [min(memory["agreement"][k], max(0.0, np.corrcoef(z_pool[0], z_pool[k])[0, 1])) for k in judges]
+    assert agree[1] < agree[0] - 0.1  # the probability agrees less where the run now is
+    z = [_normal_scores_by_hand(pool[k], batches[6][k]) for k in (0, *judges)]
+    per_sample = sum(a * (a * z[0] - z[i + 1]) for i, a in enumerate(agree)) / sum(agree)
+    # a two-sample bound: the pool of 24 completions is a sample too
+    expected = per_sample.mean() - 2.0 * per_sample.std(ddof=1) * math.sqrt(1 / 12 + 1 / 24)
+    assert raw["recent"] == pytest.approx(expected, rel=1e-9)
+    assert [np.asarray(b).tolist() for b in memory["history"]] == [b.tolist() for b in batches[4:7]]
+
+
+def test_a_rollback_forgets_the_recent_batches():
+    guard = Guard([JudgeGap(members=4)], mode="log_only")
+    for step, rewards, rows in _beyond_the_reference(1, rise=4, over=20, steps=30):
+        guard.step(Observation(step, rewards, ensemble_scores=rows))
+    memory = dict(guard.state_dict()["detectors"]["judge_gap"]["memory"])
+    assert len(memory["history"]) == 14  # lag 10 + recent 5 - 1
+    assert "recent_previous" in memory
+    guard.detectors[0].on_rollback(memory)
+    assert not {"history", "recent_previous", "previous"} & set(memory)
+
+
+def test_a_saved_recent_history_that_no_run_could_write_is_refused():
+    guard = Guard([JudgeGap(members=4)], mode="log_only")
+    for step, rewards, rows in _beyond_the_reference(2, rise=4, over=20, steps=18):
+        guard.step(Observation(step, rewards, ensemble_scores=rows))
+    memory = guard.state_dict()["detectors"]["judge_gap"]["memory"]
+    detector = JudgeGap(members=4)
+    assert detector.check_memory(memory, "m") == memory
+    history = memory["history"]
+    with pytest.raises(StateError, match=r"`m\['history'\]` must have at most 14 items, got 15"):
+        detector.check_memory(dict(memory, history=history + history[:1]), "m")
+    with pytest.raises(
+        StateError, match=r"`m\['history'\]\[0\]` must hold one row of scores per member \(4\)"
+    ):
+        detector.check_memory(dict(memory, history=[history[0][:3], *history[1:]]), "m")
+    with pytest.raises(StateError, match="rows of one length"):
+        detector.check_memory(
+            dict(memory, history=[[row[:-1] if k else row for k, row in enumerate(history[0])]]), "m"
+        )
+    with pytest.raises(StateError, match="lag=0"):
+        JudgeGap(members=4, lag=0).check_memory(memory, "m")
+    with pytest.raises(StateError, match="recent_previous"):
+        detector.check_memory(dict(memory, recent_previous=[0.1, 0.2]), "m")
+    with pytest.raises(ConfigError, match="lag"):
+        JudgeGap(lag=-1)
+    with pytest.raises(ConfigError, match="recent"):
+        JudgeGap(recent=0)
