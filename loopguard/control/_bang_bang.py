@@ -122,15 +122,8 @@ class BangBang(KLControllerBase[BangBangState]):
       gradient on a token's log-probability is about the log-ratio :math:`\delta` to the reference, whose
       root mean square is :math:`\sqrt{2\,\mathrm{KL}}` (the k3 estimator is :math:`\approx\delta^2/2`),
       while the policy-gradient term's is :math:`|A|`; so at :math:`\beta^\star` the pull back toward
-      the reference is :math:`f` times the push of the reward. That holds while the log-ratios are small.
-      The k3 term's gradient is exactly :math:`1 - e^{r}` (:math:`r = \log\pi_{ref} - \log\pi`), which
-      never exceeds 1 on a token the policy favours over the reference (:math:`r < 0`, the bulk of what it
-      samples), however large the KL reads: a KL of hundreds of nats per token comes from the few sampled
-      tokens the policy has made rare and the reference has not (:math:`e^{r}` explodes there), not from a
-      stronger pull on the rest. So the pull per unit of beta is taken as
-      :math:`\min(\sqrt{2\,\mathrm{KL}}, 1)`: :math:`\beta^\star = f\,|A| / \min(\sqrt{2\,\mathrm{KL}},
-      1)`, at least :math:`f\,|A|`. Without a KL or an advantage scale, the first raise is
-      :math:`g\,\beta_t` like every other.
+      the reference is :math:`f` times the push of the reward. Without a KL or an advantage scale, the
+      first raise is :math:`g\,\beta_t` like every other.
     * **Beta with memory** (``memory_half_life`` :math:`h > 0`). The beta at the first relaxing step after
       a trip held the hack off; it becomes the floor :math:`\beta_{mem}` that relaxing never goes below,
       and the floor decays toward :math:`\beta_0` by half every :math:`h` healthy steps. So beta relaxes
@@ -363,11 +356,10 @@ class BangBang(KLControllerBase[BangBangState]):
         if self.size_fraction == 0 or kl is None or scale is None or scale <= 0:
             return None
         kl = max(kl, _MIN_KL)
-        pull = min(math.sqrt(2.0 * kl), 1.0)  # per unit of beta; at most 1 on the tokens the policy favours
-        beta = self.size_fraction * scale / pull
+        beta = self.size_fraction * scale / math.sqrt(2.0 * kl)
         why = (
-            f"sized so that the KL pull beta*min(sqrt(2*KL), 1) is {self.size_fraction:g} x the advantage "
-            f"scale {scale:.3g} at the measured KL {kl:.3g} nats/token"
+            f"sized so that the KL pull beta*sqrt(2*KL) is {self.size_fraction:g} x the advantage scale "
+            f"{scale:.3g} at the measured KL {kl:.3g} nats/token"
         )
         return beta, why
 
