@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 import statistics
 import zlib
@@ -1285,43 +1286,66 @@ class JudgeGap(Detector):
         if gap is not None:
             raw["gap"] = gap
         if history is not None:
-            rows = [np.concatenate(member) for member in zip(*history[: self.recent], strict=True)]
-            pool = [np.sort(row) for row in rows]
-            members = (0, *judges)
-            agree = np.minimum(r, _pool_agreement([rows[k] for k in members], [pool[k] for k in members]))
-            if agree.sum() > 0.0:
-                bound = self._bound(pool, agree, judges, scores, weights=agree, two_sample=True)
-                recent = self._held(memory, "recent_previous", bound)
-                if recent is not None:
-                    raw["recent"] = recent
-            else:  # no judge agrees with the trained reward where the run now is: nothing to read
-                memory.pop("recent_previous", None)
+            recent = self._recent(memory, history, r, judges, scores)
+            if recent is not None:
+                raw["recent"] = recent
         return raw
 
     def _bound(
         self,
-        reference: Sequence[Sequence[float]] | Sequence[NDArray[np.float64]],
+        reference: Sequence[Sequence[float]],
         r: NDArray[np.float64],
         judges: list[int],
         scores: NDArray[np.float64],
-        *,
-        weights: NDArray[np.float64] | None = None,
-        two_sample: bool = False,
     ) -> float:
-        """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows.
-
-        The gap per completion is the mean over judges, or their ``weights`` average (a positive total).
-        With ``two_sample``, the reference rows are a sample as small as the batch's few neighbours (the
-        recent pool), and the standard error counts its noise too: ``sd * sqrt(1 / batch + 1 / pool)``.
-        """
+        """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows."""
         z = [_normal_scores(reference[k], scores[k]) for k in (0, *judges)]
         ceilings = np.asarray([_ceiling(reference[k]) for k in judges], dtype=np.float64)
         expected = np.minimum(r[:, None] * z[0], ceilings[:, None])  # no judge can confirm past its ceiling
-        per_sample = np.average(expected - np.asarray(z[1:]), axis=0, weights=weights)
-        count = len(per_sample)
-        pooled = 1.0 / len(reference[0]) if two_sample else 0.0
-        spread = float(np.std(per_sample, ddof=1)) * math.sqrt(1.0 / count + pooled)
+        per_sample = np.mean(expected - np.asarray(z[1:]), axis=0)
+        spread = float(np.std(per_sample, ddof=1)) / math.sqrt(len(per_sample))
         return float(np.mean(per_sample)) - self.margin * spread
+
+    def _recent(
+        self,
+        memory: dict[str, Any],
+        history: list[list[list[float]]],
+        r: NDArray[np.float64],
+        judges: list[int],
+        scores: NDArray[np.float64],
+    ) -> float | None:
+        """The recent reading of this batch, held over the window (None: not full, or no judge agrees).
+
+        Each judge's agreement is the lower of ``r`` and its correlation with the trained reward on the
+        pool's own normal scores, and weighs its gap. The pool is a sample of a few batches, so the standard
+        error is a two-sample one, ``sd * sqrt(1 / batch + 1 / pool)``.
+        """
+        members = [0, *judges]
+        batches = history[: self.recent]
+        rows = np.asarray(
+            [list(itertools.chain.from_iterable(batch[k] for batch in batches)) for k in members],
+            dtype=np.float64,
+        )
+        ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
+        queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
+        ranks = np.empty(queries.shape, dtype=np.intp)
+        for i, row in enumerate(ordered):
+            ranks[i] = np.searchsorted(row, queries[i], side="left") + np.searchsorted(
+                row, queries[i], "right"
+            )
+        z = _probits(pooled)[ranks]
+        agree = np.minimum(r, _pool_agreement(z[:, :pooled]))
+        if (
+            agree.sum() <= 0.0
+        ):  # no judge agrees with the trained reward where the run now is: nothing to read
+            memory.pop("recent_previous", None)
+            return None
+        ceilings = np.asarray([_ceiling(row) for row in ordered[1:]], dtype=np.float64)
+        expected = np.minimum(agree[:, None] * z[0, pooled:], ceilings[:, None])
+        per_sample = agree @ (expected - z[1:, pooled:]) / agree.sum()
+        count = len(per_sample)
+        spread = float(np.std(per_sample, ddof=1)) * math.sqrt(1.0 / count + 1.0 / pooled)
+        return self._held(memory, "recent_previous", float(np.mean(per_sample)) - self.margin * spread)
 
     def _held(self, memory: dict[str, Any], key: str, bound: float) -> float | None:
         """The lowest bound over the window, the newest included (None until the window is full)."""
@@ -1484,20 +1508,20 @@ class JudgeGap(Detector):
         return history
 
 
-def _pool_agreement(
-    rows: Sequence[NDArray[np.float64]], ordered: Sequence[NDArray[np.float64]]
-) -> NDArray[np.float64]:
-    """Each judge's correlation with the trained reward (``rows[0]``) on normal scores of the pool itself.
+def _pool_agreement(z: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Each judge's correlation (rows ``1:``) with the trained reward (row 0) on the pool's normal scores.
 
-    At least 0; 0 for a member with no spread in the pool.
+    At least 0; 0 for a member with no spread in the pool (all of them when the trained reward has none).
     """
-    z = [_normal_scores(ordered[k], rows[k]) for k in range(len(rows))]
-    agreement = np.zeros(len(rows) - 1, dtype=np.float64)
-    if np.ptp(z[0]) == 0.0:
+    agreement = np.zeros(len(z) - 1, dtype=np.float64)
+    spread = np.ptp(z, axis=1)
+    if spread[0] == 0.0:
         return agreement
-    for k in range(1, len(rows)):
-        if np.ptp(z[k]) > 0.0:
-            agreement[k - 1] = max(0.0, float(np.corrcoef(z[0], z[k])[0, 1]))
+    centred = z - z.mean(axis=1, keepdims=True)
+    squares = np.einsum("ij,ij->i", centred, centred)
+    moving = spread[1:] > 0.0
+    correlation = (centred[1:] @ centred[0])[moving] / np.sqrt(squares[0] * squares[1:][moving])
+    agreement[moving] = np.clip(correlation, 0.0, 1.0)
     return agreement
 
 
