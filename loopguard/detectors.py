@@ -1299,12 +1299,9 @@ class JudgeGap(Detector):
         scores: NDArray[np.float64],
     ) -> float:
         """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows."""
-        z = [_normal_scores(reference[k], scores[k]) for k in (0, *judges)]
+        z = np.asarray([_normal_scores(reference[k], scores[k]) for k in (0, *judges)])
         ceilings = np.asarray([_ceiling(reference[k]) for k in judges], dtype=np.float64)
-        expected = np.minimum(r[:, None] * z[0], ceilings[:, None])  # no judge can confirm past its ceiling
-        per_sample = np.mean(expected - np.asarray(z[1:]), axis=0)
-        spread = float(np.std(per_sample, ddof=1)) / math.sqrt(len(per_sample))
-        return float(np.mean(per_sample)) - self.margin * spread
+        return self._lower_bound(z, r, ceilings)
 
     def _recent(
         self,
@@ -1317,8 +1314,8 @@ class JudgeGap(Detector):
         """The recent reading of this batch, held over the window (None: not full, or no judge agrees).
 
         Each judge's agreement is the lower of ``r`` and its correlation with the trained reward on the
-        pool's own normal scores, and weighs its gap. The pool is a sample of a few batches, so the standard
-        error is a two-sample one, ``sd * sqrt(1 / batch + 1 / pool)``.
+        pool's own normal scores, and weighs its gap. The pool is a sample of a few batches, so the bound
+        is a two-sample one.
         """
         members = [0, *judges]
         batches = history[: self.recent]
@@ -1328,24 +1325,38 @@ class JudgeGap(Detector):
         )
         ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
         queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
-        ranks = np.empty(queries.shape, dtype=np.intp)
-        for i, row in enumerate(ordered):
-            ranks[i] = np.searchsorted(row, queries[i], side="left") + np.searchsorted(
-                row, queries[i], "right"
-            )
-        z = _probits(pooled)[ranks]
+        z = np.asarray([_normal_scores(row, query) for row, query in zip(ordered, queries, strict=True)])
         agree = np.minimum(r, _pool_agreement(z[:, :pooled]))
-        if (
-            agree.sum() <= 0.0
-        ):  # no judge agrees with the trained reward where the run now is: nothing to read
+        if agree.sum() <= 0.0:  # no judge agrees with the trained reward where the run now is
             memory.pop("recent_previous", None)
             return None
         ceilings = np.asarray([_ceiling(row) for row in ordered[1:]], dtype=np.float64)
-        expected = np.minimum(agree[:, None] * z[0, pooled:], ceilings[:, None])
-        per_sample = agree @ (expected - z[1:, pooled:]) / agree.sum()
+        bound = self._lower_bound(z[:, pooled:], agree, ceilings, weights=agree, pooled=pooled)
+        return self._held(memory, "recent_previous", bound)
+
+    def _lower_bound(
+        self,
+        z: NDArray[np.float64],
+        r: NDArray[np.float64],
+        ceilings: NDArray[np.float64],
+        *,
+        weights: NDArray[np.float64] | None = None,
+        pooled: int | None = None,
+    ) -> float:
+        """The batch's mean gap less ``margin`` standard errors, from its normal scores ``z`` (trained first).
+
+        The gap per completion is the mean over judges, or their ``weights`` average. With ``pooled`` (the
+        scores were read against a sample of that many completions), the standard error is a two-sample
+        one, ``sd * sqrt(1 / batch + 1 / pooled)``.
+        """
+        expected = np.minimum(r[:, None] * z[0], ceilings[:, None])  # no judge can confirm past its ceiling
+        per_sample = np.average(expected - z[1:], axis=0, weights=weights)
         count = len(per_sample)
-        spread = float(np.std(per_sample, ddof=1)) * math.sqrt(1.0 / count + 1.0 / pooled)
-        return self._held(memory, "recent_previous", float(np.mean(per_sample)) - self.margin * spread)
+        if pooled is None:
+            spread = float(np.std(per_sample, ddof=1)) / math.sqrt(count)
+        else:
+            spread = float(np.std(per_sample, ddof=1)) * math.sqrt(1.0 / count + 1.0 / pooled)
+        return float(np.mean(per_sample)) - self.margin * spread
 
     def _held(self, memory: dict[str, Any], key: str, bound: float) -> float | None:
         """The lowest bound over the window, the newest included (None until the window is full)."""
