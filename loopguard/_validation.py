@@ -224,7 +224,8 @@ def check_real(
         ...
         loopguard.exceptions.ConfigError: `gain` must be > 1, got 1.0.
     """
-    check_number_type(name, value, numbers.Real, "a real number")
+    if type(value) is not float and type(value) is not int:  # exact float and int need no ABC check
+        check_number_type(name, value, numbers.Real, "a real number")
     result = float(cast(numbers.Real, value))
     if not math.isfinite(result):
         msg = f"`{name}` must be finite, got {describe(result)}."
@@ -244,7 +245,8 @@ def check_int(name: str, value: object, *, lo: int | None = None, hi: int | None
         ...
         loopguard.exceptions.LoopguardTypeError: `dwell_steps` must be an integer, got 2.0 of type float.
     """
-    check_number_type(name, value, numbers.Integral, "an integer")
+    if type(value) is not int:  # an exact int needs no ABC check (a bool's type is bool)
+        check_number_type(name, value, numbers.Integral, "an integer")
     result = int(cast(numbers.Integral, value))
     _check_range(name, result, lo, hi, True, True)
     return result

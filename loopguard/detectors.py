@@ -66,6 +66,7 @@ from loopguard._validation import (
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.signals._collapse import group_spread
+from loopguard.signals._drift import DriftReference
 
 __all__ = [
     "HACK_LEVEL",
@@ -870,6 +871,9 @@ class RewardDrift(Detector):
     needs: ClassVar[str] = "rewards"
     advice: ClassVar[str] = "the reward distribution moved far from the warm-up's"
     reference_size: int = attrs.field(default=4096, validator=integer(lo=16, hi=100_000))
+    # the frozen reference, sorted once: (the memory's list object, its DriftReference). A frozen reference
+    # is never changed in place, so the list's identity stands for its values (a loaded state brings another)
+    _sorted: list[Any] = attrs.field(factory=list, init=False, eq=False, repr=False)
 
     def metrics(self) -> tuple[Metric, ...]:
         """Standardised W1 distance to the warm-up rewards (absolute rise 0.5/1.0 reference scales)."""
@@ -897,7 +901,9 @@ class RewardDrift(Detector):
             # Leave-current-out distance, so warm-up values are comparable with later ones.
             distance = signals.reward_drift(rewards, reference[: -len(rewards)], standardize=True)
         else:
-            distance = signals.reward_drift(rewards, reference, standardize=True)
+            if not self._sorted or self._sorted[0] is not reference:
+                self._sorted[:] = [reference, DriftReference.of(reference)]
+            distance = self._sorted[1].standardized_distance(rewards)
         return {"wasserstein": distance, "spread": spread} if math.isfinite(distance) else {"spread": spread}
 
     def combine(
@@ -1243,6 +1249,10 @@ class JudgeGap(Detector):
     reference_size: int = attrs.field(default=4096, validator=integer(lo=8, hi=100_000))
     lag: int = attrs.field(default=10, validator=integer(lo=0, hi=256))
     recent: int = attrs.field(default=5, validator=integer(lo=1, hi=16))
+    # the closed reference sample as arrays, with each member's ceiling: (the memory's rows object, arrays,
+    # ceilings). Rebuilt whenever the memory holds another rows object (a new sample, a loaded state); the
+    # closed sample is never changed in place, so its identity stands for its values.
+    _arrays: list[Any] = attrs.field(factory=list, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         """A trained reward and at least one judge; ordered bands."""
@@ -1282,7 +1292,7 @@ class JudgeGap(Detector):
             return {}
         r = np.asarray([agreement[k] for k in judges], dtype=np.float64)
         raw: dict[str, float] = {}
-        gap = self._held(memory, "previous", self._bound(memory["reference"], r, judges, scores))
+        gap = self._held(memory, "previous", self._bound(memory["reference"], judges, r, scores))
         if gap is not None:
             raw["gap"] = gap
         if history is not None:
@@ -1293,15 +1303,27 @@ class JudgeGap(Detector):
 
     def _bound(
         self,
-        reference: Sequence[Sequence[float]],
-        r: NDArray[np.float64],
+        reference: list[list[float]],
         judges: list[int],
+        r: NDArray[np.float64],
         scores: NDArray[np.float64],
     ) -> float:
         """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows."""
-        z = np.asarray([_normal_scores(reference[k], scores[k]) for k in (0, *judges)])
-        ceilings = np.asarray([_ceiling(reference[k]) for k in judges], dtype=np.float64)
-        return self._lower_bound(z, r, ceilings)
+        rows, ceilings = self._reference_arrays(reference)
+        z = np.asarray([_normal_scores(rows[k], scores[k]) for k in (0, *judges)])
+        return self._lower_bound(z, r, ceilings[judges])
+
+    def _reference_arrays(
+        self, reference: list[list[float]]
+    ) -> tuple[list[NDArray[np.float64]], NDArray[np.float64]]:
+        """The closed sample's sorted rows as arrays and each member's ceiling, built once per sample."""
+        if not self._arrays or self._arrays[0] is not reference:
+            rows = [np.asarray(row, dtype=np.float64) for row in reference]
+            for row in rows:
+                row.setflags(write=False)
+            ceilings = np.asarray([_ceiling(row) for row in reference], dtype=np.float64)
+            self._arrays[:] = [reference, rows, ceilings]
+        return self._arrays[1], self._arrays[2]
 
     def _recent(
         self,
@@ -1319,10 +1341,14 @@ class JudgeGap(Detector):
         """
         members = [0, *judges]
         batches = history[: self.recent]
-        rows = np.asarray(
-            [list(itertools.chain.from_iterable(batch[k] for batch in batches)) for k in members],
-            dtype=np.float64,
-        )
+        if len({len(batch[0]) for batch in batches}) == 1:  # batches of one size: one array, no Python loop
+            stacked = np.asarray(batches, dtype=np.float64)[:, members]  # [batches, members, rows]
+            rows = stacked.transpose(1, 0, 2).reshape(len(members), -1)
+        else:
+            rows = np.asarray(
+                [list(itertools.chain.from_iterable(batch[k] for batch in batches)) for k in members],
+                dtype=np.float64,
+            )
         ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
         queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
         z = np.asarray([_normal_scores(row, query) for row, query in zip(ordered, queries, strict=True)])
@@ -1350,7 +1376,12 @@ class JudgeGap(Detector):
         one, ``sd * sqrt(1 / batch + 1 / pooled)``.
         """
         expected = np.minimum(r[:, None] * z[0], ceilings[:, None])  # no judge can confirm past its ceiling
-        per_sample = np.average(expected - z[1:], axis=0, weights=weights)
+        gaps = expected - z[1:]
+        # np.average's own arithmetic (weighted sum over the weights' sum), without its argument handling
+        if weights is None:
+            per_sample = gaps.mean(axis=0)
+        else:
+            per_sample = (gaps * weights[:, None]).sum(axis=0) / weights.sum()
         count = len(per_sample)
         if pooled is None:
             spread = float(np.std(per_sample, ddof=1)) / math.sqrt(count)

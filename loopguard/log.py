@@ -679,8 +679,9 @@ class _SymlinkRefusedError(OSError):
 
 
 def _utc_timestamp() -> str:
-    now = _dt.datetime.now(_dt.timezone.utc)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+    # isoformat, not strftime: the same text ("2026-01-01T00:00:00.000+00:00", milliseconds truncated) at a
+    # fraction of the cost, on every record
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
 
 
 def _refuse_symlink(path: str) -> None:

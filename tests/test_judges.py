@@ -299,19 +299,22 @@ def test_the_recent_reading_stays_quiet_while_a_run_rises_fast_past_its_referenc
         assert any("judge_gap.recent" in raw for raw in raws)
 
 
-def test_the_recent_reading_by_hand():
+@pytest.mark.parametrize(
+    "sizes", [(12,) * 7, (12, 12, 12, 9, 12, 12, 10)], ids=["equal-batches", "batches-of-other-sizes"]
+)
+def test_the_recent_reading_by_hand(sizes):
     rng = np.random.default_rng(8)
     detector = JudgeGap(members=4, window=1, lag=2, recent=2)
     memory = {}
     batches = []
-    for step in range(7):
-        q = rng.normal(1.0 * step, 1.0, 12)  # by steps 3-4 the probability judge has saturated
+    for step, size in enumerate(sizes):
+        q = rng.normal(1.0 * step, 1.0, size)  # by steps 3-4 the probability judge has saturated
         scores = np.array(
             [
-                q + rng.normal(0, 0.3, 12),
-                3.0 * q + rng.normal(0, 1.0, 12),
-                1.0 / (1.0 + np.exp(-q)) + rng.normal(0, 0.05, 12),
-                rng.normal(size=12),
+                q + rng.normal(0, 0.3, size),
+                3.0 * q + rng.normal(0, 1.0, size),
+                1.0 / (1.0 + np.exp(-q)) + rng.normal(0, 0.05, size),
+                rng.normal(size=size),
             ]
         )
         batches.append(scores)
@@ -326,8 +329,9 @@ def test_the_recent_reading_by_hand():
     assert agree[1] < agree[0] - 0.1  # the probability agrees less where the run now is
     z = [_normal_scores_by_hand(pool[k], batches[6][k]) for k in (0, *judges)]
     per_sample = sum(a * (a * z[0] - z[i + 1]) for i, a in enumerate(agree)) / sum(agree)
-    # a two-sample bound: the pool of 24 completions is a sample too
-    expected = per_sample.mean() - 2.0 * per_sample.std(ddof=1) * math.sqrt(1 / 12 + 1 / 24)
+    # a two-sample bound: the pool (24 completions of equal batches) is a sample too
+    pooled = pool.shape[1]
+    expected = per_sample.mean() - 2.0 * per_sample.std(ddof=1) * math.sqrt(1 / sizes[6] + 1 / pooled)
     assert raw["recent"] == pytest.approx(expected, rel=1e-9)
     assert [np.asarray(b).tolist() for b in memory["history"]] == [b.tolist() for b in batches[4:7]]
 
@@ -341,6 +345,21 @@ def test_a_rollback_forgets_the_recent_batches():
     assert "recent_previous" in memory
     guard.detectors[0].on_rollback(memory)
     assert not {"history", "recent_previous", "previous"} & set(memory)
+
+
+def test_one_detector_reads_each_memory_against_its_own_reference():
+    # a detector keeps the closed reference sample as arrays between steps; a memory holding another sample
+    # (a loaded state, a second Guard given the same detector) is read against that sample, not the kept one
+    streams = [list(_stream(seed, hack=seed == 2)) for seed in (1, 2)]
+    shared, memories = JudgeGap(members=4), [{}, {}]
+    alone = [JudgeGap(members=4), JudgeGap(members=4)]
+    solo_memories = [{}, {}]
+    for step in range(60):
+        for k in (0, 1):
+            _, rewards, rows = streams[k][step]
+            data = StepData(Observation(step, rewards, ensemble_scores=rows), warmup_steps=10)
+            assert shared.measure(data, memories[k]) == alone[k].measure(data, solo_memories[k])
+    assert memories[0]["reference"] != memories[1]["reference"]
 
 
 def test_a_saved_recent_history_that_no_run_could_write_is_refused():

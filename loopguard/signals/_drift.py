@@ -428,17 +428,18 @@ def _robust_scale(sample: NDArray[np.float64]) -> tuple[float, int]:
     return float(np.std(scaled)), exponent
 
 
-def _wasserstein(u: NDArray[np.float64], v: NDArray[np.float64]) -> float:
+def _wasserstein(u: NDArray[np.float64], v: NDArray[np.float64], *, v_sorted: bool = False) -> float:
     """1-D Wasserstein-1 distance of two non-empty samples: the integral of ``|F_u - F_v|``.
 
     The same operations, in the same order, as :func:`scipy.stats.wasserstein_distance` without weights
     (scipy >= 1.15: the same bits), without its argument handling and its first import (about a second).
+    ``v_sorted``: ``v`` is sorted already (a reference kept sorted), so it is not sorted again.
     """
     values = np.concatenate((u, v))
     values.sort(kind="mergesort")
     deltas = np.diff(values)
     u_cdf = np.sort(u).searchsorted(values[:-1], "right") / u.size
-    v_cdf = np.sort(v).searchsorted(values[:-1], "right") / v.size
+    v_cdf = (v if v_sorted else np.sort(v)).searchsorted(values[:-1], "right") / v.size
     gaps = np.abs(u_cdf - v_cdf)
     if hasattr(np, "vecdot"):  # numpy >= 2, as scipy does
         return float(np.vecdot(gaps, deltas))
@@ -523,26 +524,63 @@ def reward_drift(
         # only the statistic is used; the p-value's internals may divide by zero on tiny samples
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             return float(stats.ks_2samp(now, ref, method="asymp").statistic)
-    # W1 scales with the data: compute it on both samples divided by one power of two (exact), so the gaps
-    # between sorted values cannot overflow, and scale back.
-    exponent = pow2_exponent(max(float(np.max(np.abs(now))), float(np.max(np.abs(ref)))))
-    scaled = _wasserstein(np.ldexp(now, -exponent), np.ldexp(ref, -exponent))
     if not standardize:
+        # W1 scales with the data: compute it on both samples divided by one power of two (exact), so the
+        # gaps between sorted values cannot overflow, and scale back.
+        exponent = pow2_exponent(max(float(np.max(np.abs(now))), float(np.max(np.abs(ref)))))
+        scaled = _wasserstein(np.ldexp(now, -exponent), np.ldexp(ref, -exponent))
         with np.errstate(over="ignore"):
             distance = float(np.ldexp(scaled, exponent))
         if not math.isfinite(distance):
             msg = "`current` and `reference` overflowed float64 in the Wasserstein distance (rescale them)."
             raise InputError(msg)
         return distance
-    scale, scale_exponent = _robust_scale(ref)
-    if scale == 0.0:  # a constant reference
-        return 0.0 if scaled == 0.0 else math.inf
-    with np.errstate(over="ignore"):
-        standardized = float(np.ldexp(scaled / scale, exponent - scale_exponent))
-    if not math.isfinite(standardized):
-        msg = (
-            "`current` must be within ~1.8e308 reference scales of `reference`: the standardised "
-            "Wasserstein distance is beyond float64 (the reference's spread is tiny against the distance)."
-        )
-        raise InputError(msg)
-    return standardized
+    return DriftReference.of(ref).standardized_distance(now)
+
+
+@attrs.frozen
+class DriftReference:
+    """A reference sample kept for :func:`reward_drift`'s standardised Wasserstein distance, sorted once.
+
+    A sample that every later batch is compared with (the Guard's frozen warm-up rewards) is sorted, and its
+    robust scale taken, once; :meth:`standardized_distance` then gives ``reward_drift(current, reference,
+    standardize=True)`` bit for bit.
+
+    Attributes:
+        ordered: The reference, sorted (read-only).
+        max_abs: Its largest magnitude.
+        scale: Its robust scale as ``(m, e)``, the scale being ``m * 2**e`` (see ``_robust_scale``).
+    """
+
+    ordered: NDArray[np.float64]
+    max_abs: float
+    scale: tuple[float, int]
+
+    @classmethod
+    def of(cls, reference: ArrayLike) -> DriftReference:
+        """Keep ``reference`` (1-D, finite, non-empty, at most ``MAX_TRAJECTORIES`` values)."""
+        ref = as_float_array("reference", reference, max_len=MAX_TRAJECTORIES)
+        ordered = np.sort(ref)
+        ordered.setflags(write=False)
+        return cls(ordered, float(np.max(np.abs(ref))), _robust_scale(ref))  # the scale: in the given order
+
+    def standardized_distance(self, current: ArrayLike) -> float:
+        """``reward_drift(current, reference, standardize=True)`` (see there; the same errors)."""
+        now = as_float_array("current", current, max_len=MAX_TRAJECTORIES)
+        # W1 scales with the data: compute it on both samples divided by one power of two (exact, and order-
+        # preserving: the reference stays sorted), so the gaps between sorted values cannot overflow.
+        exponent = pow2_exponent(max(float(np.max(np.abs(now))), self.max_abs))
+        scaled = _wasserstein(np.ldexp(now, -exponent), np.ldexp(self.ordered, -exponent), v_sorted=True)
+        scale, scale_exponent = self.scale
+        if scale == 0.0:  # a constant reference
+            return 0.0 if scaled == 0.0 else math.inf
+        with np.errstate(over="ignore"):
+            standardized = float(np.ldexp(scaled / scale, exponent - scale_exponent))
+        if not math.isfinite(standardized):
+            msg = (
+                "`current` must be within ~1.8e308 reference scales of `reference`: the standardised "
+                "Wasserstein distance is beyond float64 (the reference's spread is tiny against the "
+                "distance)."
+            )
+            raise InputError(msg)
+        return standardized

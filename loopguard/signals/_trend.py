@@ -9,6 +9,7 @@ two functions instead of repeating the arithmetic.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Literal
 
@@ -28,6 +29,24 @@ _TREND_METHODS = ("ols", "theil_sen")
 MAX_THEIL_SEN_LENGTH = 4096
 """DoS cap on the series length for ``method="theil_sen"``: it compares every pair of points, so a series
 of ``n`` points holds ``n * (n - 1) / 2`` slopes (8.4 million, 67 MB, at the cap). Use a trailing window."""
+
+
+_CACHED_PAIRS = 128
+"""Series up to this length keep their index pairs (8,128 pairs, 130 kB at most each): the Guard tests its
+warm-up for a trend at every step, on series of a few dozen points."""
+
+
+def _pairs(n: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """Indices ``(i, j)`` of every pair ``i < j`` of ``n`` points, row-major (``np.triu_indices(n, k=1)``)."""
+    return _cached_pairs(n) if n <= _CACHED_PAIRS else np.triu_indices(n, k=1)
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_pairs(n: int) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    earlier, later = np.triu_indices(n, k=1)
+    earlier.setflags(write=False)
+    later.setflags(write=False)
+    return earlier, later
 
 
 def _ols_slope(x: NDArray[np.float64], y: NDArray[np.float64]) -> float:
@@ -179,8 +198,8 @@ def mann_kendall_z(values: object, *, name: str = "values") -> float:
     n = len(series)
     if n < 3:
         return 0.0
-    upper = np.triu_indices(n, k=1)
-    later, earlier = series[upper[1]], series[upper[0]]
+    earlier_index, later_index = _pairs(n)
+    later, earlier = series[later_index], series[earlier_index]
     s = float(
         np.count_nonzero(later > earlier) - np.count_nonzero(later < earlier)
     )  # no subtraction: no overflow

@@ -214,6 +214,20 @@ def test_rollout_buffer_and_extra_state_round_trip(kind, tmp_path, mlp):
     assert again.extra_state == guard.state_dict()
 
 
+def test_in_memory_extra_state_shares_no_container_with_the_caller(mlp):
+    model, _, _ = mlp
+    state = {"guard": {"history": [[[0.5, 1.5], [2.0, -1.0]]], "notes": ["a"], "seen": 3}, "flag": None}
+    expected = json.loads(json.dumps(state))
+    manager = CheckpointManager(in_memory=True)
+    manager.save(1, model, extra_state=state)
+    state["guard"]["history"][0][1][0] = 99.0  # the caller changes its own state after the save
+    state["guard"]["notes"].append("b")
+    restored = manager.restore(1, model)
+    assert restored.extra_state == expected
+    restored.extra_state["guard"]["history"][0][0].clear()  # and then the restored copy
+    assert manager.restore(1, model).extra_state == expected
+
+
 def test_in_memory_snapshot_is_not_aliased_by_later_training(mlp):
     model, optimizer, scheduler = mlp
     train_step(model, optimizer, scheduler)

@@ -312,6 +312,53 @@ def test_robust_baseline_and_wasserstein_have_the_bits_of_scipy():
             assert reward_drift(a, b) == float(np.ldexp(scaled, exponent)), (a, b)
 
 
+def test_a_reference_sorted_once_gives_the_standardised_distance_bit_for_bit():
+    # the Guard's frozen warm-up rewards are sorted and scaled once (DriftReference), then read every step
+    from scipy import stats
+
+    from loopguard.signals._drift import DriftReference
+
+    rng = np.random.default_rng(11)
+    for size, other in itertools.product((1, 3, 16, 64), (2, 7, 48, 320)):
+        for a, b in (
+            (rng.normal(size=size), rng.normal(0.5, 2.0, size=other)),
+            (rng.integers(0, 3, size=size) / 2.0, rng.integers(0, 4, size=other) / 3.0),  # ties
+            (rng.normal(size=size) * 1e-3, rng.lognormal(0.0, 2.0, size=other) * 1e5),  # far apart scales
+        ):
+            kept = DriftReference.of(b.tolist())
+            got = kept.standardized_distance(a)
+            assert np.float64(got).tobytes() == np.float64(reward_drift(a, b, standardize=True)).tobytes()
+            mad = stats.median_abs_deviation(b, scale="normal")  # 1.4826 MAD (scipy: 1 / Phi^-1(3/4))
+            scale = mad if mad > 0 else np.std(b)
+            distance = stats.wasserstein_distance(a, b)
+            if scale > 0:
+                assert got == pytest.approx(distance / scale, rel=1e-4)
+            else:  # a constant reference
+                assert got == (0.0 if distance == 0 else math.inf)
+            assert not kept.ordered.flags.writeable
+            assert kept.ordered.tolist() == sorted(b.tolist())
+
+
+def test_one_drift_detector_reads_each_memory_against_its_own_reference():
+    # a detector keeps the frozen reference sorted between steps; a memory holding another reference (a loaded
+    # state, a second Guard given the same detector) is read against that one, not the kept one
+    from loopguard import Observation
+    from loopguard.detectors import RewardDrift, StepData
+
+    rng = np.random.default_rng(5)
+    memories = [{"reference": rng.normal(size=64).tolist(), "frozen": True} for _ in range(2)]
+    shared = RewardDrift()
+    for step in range(6):
+        rewards = rng.normal(0.3 * step, 1.0, 16)
+        data = StepData(Observation(step, rewards), warmup_steps=1)
+        for memory in memories:
+            assert shared.measure(data, memory) == RewardDrift().measure(data, memory)
+    loaded = {"reference": [value + 1.0 for value in memories[0]["reference"]], "frozen": True}
+    data = StepData(Observation(6, rng.normal(size=16)), warmup_steps=1)
+    assert shared.measure(data, loaded) == RewardDrift().measure(data, loaded)
+    assert shared.measure(data, loaded) != shared.measure(data, memories[0])
+
+
 def test_robust_baseline_mad_where_the_plain_formula_overflows():
     # the middle-pair mean of the deviations overflows: taken on halved values instead
     base = robust_baseline([-1.1e308, -1.1e308, 1.1e308, 1.1e308], min_count=1)
