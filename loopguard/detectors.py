@@ -1356,7 +1356,7 @@ class JudgeGap(Detector):
         if agree.sum() <= 0.0:  # no judge agrees with the trained reward where the run now is
             memory.pop("recent_previous", None)
             return None
-        ceilings = np.asarray([_ceiling(row) for row in ordered[1:]], dtype=np.float64)
+        ceilings = _ceilings(ordered[1:])
         bound = self._lower_bound(z[:, pooled:], agree, ceilings, weights=agree, pooled=pooled)
         return self._held(memory, "recent_previous", bound)
 
@@ -1584,6 +1584,13 @@ def _ceiling(reference: Sequence[float] | NDArray[np.float64]) -> float:
     n, top = len(reference), reference[-1]
     tied = n - bisect.bisect_left(reference, top)
     return float(_probits(n)[2 * n - tied]) if tied >= 2 else math.inf
+
+
+def _ceilings(ordered: NDArray[np.float64]) -> NDArray[np.float64]:
+    """:func:`_ceiling` of each sorted row of ``ordered`` (``[members, n]``), in one pass."""
+    n = ordered.shape[1]
+    tied = np.count_nonzero(ordered == ordered[:, -1:], axis=1)
+    return np.where(tied >= 2, _probits(n)[2 * n - tied], math.inf)
 
 
 def _normal_scores(

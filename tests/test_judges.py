@@ -347,6 +347,16 @@ def test_a_rollback_forgets_the_recent_batches():
     assert not {"history", "recent_previous", "previous"} & set(memory)
 
 
+def test_the_pool_ceilings_are_each_rows_ceiling():
+    from loopguard.detectors import _ceiling, _ceilings
+
+    rows = np.sort(np.array([[0.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 2.0], [3.0, 3.0, 3.0, 3.0], [0, 0, 1, 1]]))
+    expected = [_ceiling(row.tolist()) for row in rows]
+    assert math.isinf(expected[1])  # a top given once has no ceiling
+    assert not math.isinf(expected[0])
+    assert _ceilings(rows).tolist() == expected
+
+
 def test_one_detector_reads_each_memory_against_its_own_reference():
     # a detector keeps the closed reference sample as arrays between steps; a memory holding another sample
     # (a loaded state, a second Guard given the same detector) is read against that sample, not the kept one

@@ -244,6 +244,9 @@ def run_one(
         capture = getattr(trainer, "_loopguard_id_capture", None)  # reads the ids inside generation steps
         if capture is not None:
             loopguard_seconds.append(capture.seconds)
+        # the targeted penalty, inside the trainer's reward step (counted since 2026-12-05; kept apart too)
+        penalty_seconds = sum(float(getattr(fn, "loopguard_seconds", 0.0)) for fn in trainer.reward_funcs)
+        loopguard_seconds.append(penalty_seconds)
         trained = len(series["gold"])
         held = 0
         if trained < steps:  # stopped by loopguard: the final (restored) policy holds for the rest
@@ -271,6 +274,7 @@ def run_one(
             "kl": [float(e["kl"]) for e in trainer.state.log_history if "kl" in e],
             "step_seconds": recorder.step_seconds,
             "loopguard_seconds": sum(loopguard_seconds),
+            "penalty_seconds": penalty_seconds,
             "train_seconds": train_seconds,
             "log": [
                 {

@@ -498,6 +498,7 @@ def test_the_one_liner_prices_the_echo_penalises_it_and_rolls_back_with_a_re_anc
             )  # the Guard reads the raw reward
     assert min(trained) >= -1e-6  # the penalty only ever lowers the trained reward
     assert max(trained) > 0.5  # and while the echo lasts, by a lot
+    assert trainer.reward_funcs[0].loopguard_seconds > 0.0  # its own time in TRL's reward step, for benchmarks
     rollback = next(r for r in records if r["action"] == "rollback")
     assert (
         rollback["extra"]["adapter"]["rolled_back_to"] == 0
