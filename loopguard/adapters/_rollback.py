@@ -170,6 +170,10 @@ class RollbackStore:
         """Whether a good checkpoint saved strictly before ``before_step`` exists."""
         return self.manager.last_good(before_step=before_step) is not None
 
+    def due(self, step: int) -> bool:
+        """Whether ``step`` is a save boundary (every ``every`` steps): only then does :meth:`save` act."""
+        return step % self.every == 0
+
     def save(
         self,
         step: int,
@@ -183,7 +187,7 @@ class RollbackStore:
         Call it on every rank at every step (the main process writes); ``extra_state`` is called only when a
         checkpoint is written.
         """
-        if step % self.every:
+        if not self.due(step):
             return
         parts.check()
         pending, self.pending = self.pending, None

@@ -1073,7 +1073,7 @@ class RewardHackMitigator(_Observer):
             decision = synced_step(self.guard, observation, can_rollback=can_rollback, sync=self._sync)
             if decision is not None:
                 self._apply(decision, observation, batch, args, state, control)
-        if self._own_store and self._store is not None:
+        if self._own_store and self._store is not None and self._store.due(int(state.global_step)):
             main = bool(state.is_world_process_zero)
             parts = _parts(self._trainer, args)
             self._store.save(int(state.global_step), parts, main=main, extra_state=self.state_dict)
