@@ -110,6 +110,19 @@ def test_false_alarm_benchmark_with_the_one_liners_judges(tmp_path, monkeypatch)
     assert gaussian["detected"] == 1  # the trained reward paid for what no judge sees: flagged after onset
 
 
+def test_guard_replay_benchmark_small(tmp_path, monkeypatch):
+    from loopguard import Guard
+
+    step = Guard.step
+    _run("guard_replay.py", ["--steps", "24", "--repeats", "2", "--out", str(tmp_path)], monkeypatch)
+    report = json.loads((tmp_path / "guard_replay.json").read_text())
+    assert (report["scenario"], report["steps"]) == ("token", 24)
+    assert report["identical"] is True  # the Guard decides from its inputs alone: a replay decides the same
+    assert report["in_loop_ms"] > 0
+    assert report["warm_ms"] > 0
+    assert Guard.step is step  # the timing wrapper is taken off again
+
+
 @pytest.mark.parametrize("folder", ["benchmarks", "examples", "examples/recipes"])
 def test_no_script_shadows_an_installed_module(folder):
     # a script run as `python <folder>/<name>.py` has its folder first on sys.path: a file named like an
