@@ -38,9 +38,7 @@ Example:
 
 from __future__ import annotations
 
-import bisect
 import functools
-import itertools
 import math
 import statistics
 import zlib
@@ -1315,14 +1313,12 @@ class JudgeGap(Detector):
 
     def _reference_arrays(
         self, reference: list[list[float]]
-    ) -> tuple[list[NDArray[np.float64]], NDArray[np.float64]]:
-        """The closed sample's sorted rows as arrays and each member's ceiling, built once per sample."""
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """The closed sample's sorted rows as one array and each member's ceiling, built once per sample."""
         if not self._arrays or self._arrays[0] is not reference:
-            rows = [np.asarray(row, dtype=np.float64) for row in reference]
-            for row in rows:
-                row.setflags(write=False)
-            ceilings = np.asarray([_ceiling(row) for row in reference], dtype=np.float64)
-            self._arrays[:] = [reference, rows, ceilings]
+            rows = np.asarray(reference, dtype=np.float64)  # one row per member, of one length (check_memory)
+            rows.setflags(write=False)
+            self._arrays[:] = [reference, rows, _ceilings(rows)]
         return self._arrays[1], self._arrays[2]
 
     def _recent(
@@ -1341,14 +1337,8 @@ class JudgeGap(Detector):
         """
         members = [0, *judges]
         batches = history[: self.recent]
-        if len({len(batch[0]) for batch in batches}) == 1:  # batches of one size: one array, no Python loop
-            stacked = np.asarray(batches, dtype=np.float64)[:, members]  # [batches, members, rows]
-            rows = stacked.transpose(1, 0, 2).reshape(len(members), -1)
-        else:
-            rows = np.asarray(
-                [list(itertools.chain.from_iterable(batch[k] for batch in batches)) for k in members],
-                dtype=np.float64,
-            )
+        # each member's scores over the pool, batch after batch (batches may differ in size)
+        rows = np.concatenate([np.asarray(batch, dtype=np.float64)[members] for batch in batches], axis=1)
         ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
         queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
         z = np.asarray([_normal_scores(row, query) for row, query in zip(ordered, queries, strict=True)])
@@ -1576,18 +1566,12 @@ def _probits(n: int) -> NDArray[np.float64]:
     return table
 
 
-def _ceiling(reference: Sequence[float] | NDArray[np.float64]) -> float:
-    """The highest normal score a judge can give: its top reference score's, if several share it (a grade).
-
-    A judge whose best reference score was given once may score higher still (no ceiling is known).
-    """
-    n, top = len(reference), reference[-1]
-    tied = n - bisect.bisect_left(reference, top)
-    return float(_probits(n)[2 * n - tied]) if tied >= 2 else math.inf
-
-
 def _ceilings(ordered: NDArray[np.float64]) -> NDArray[np.float64]:
-    """:func:`_ceiling` of each sorted row of ``ordered`` (``[members, n]``), in one pass."""
+    """The highest normal score each member can give, from its sorted row of ``ordered`` (``[members, n]``).
+
+    Its top score's normal score when several scores share it (a grade, a pass/fail check); a member whose
+    best score was given once may score higher still (no ceiling is known: inf).
+    """
     n = ordered.shape[1]
     tied = np.count_nonzero(ordered == ordered[:, -1:], axis=1)
     return np.where(tied >= 2, _probits(n)[2 * n - tied], math.inf)

@@ -348,13 +348,14 @@ def test_a_rollback_forgets_the_recent_batches():
 
 
 def test_the_pool_ceilings_are_each_rows_ceiling():
-    from loopguard.detectors import _ceiling, _ceilings
+    from loopguard.detectors import _ceilings
 
     rows = np.sort(np.array([[0.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 2.0], [3.0, 3.0, 3.0, 3.0], [0, 0, 1, 1]]))
-    expected = [_ceiling(row.tolist()) for row in rows]
+    # when several share the top score: the probit of its mid-rank, (n - tied + 1 + n) / 2 of n + 1, n = 4
+    expected = [norm.ppf(6 / 10), math.inf, norm.ppf(5 / 10), norm.ppf(7 / 10)]
     assert math.isinf(expected[1])  # a top given once has no ceiling
     assert not math.isinf(expected[0])
-    assert _ceilings(rows).tolist() == expected
+    assert _ceilings(rows).tolist() == pytest.approx(expected, rel=1e-12)
 
 
 def test_one_detector_reads_each_memory_against_its_own_reference():
