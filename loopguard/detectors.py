@@ -1308,7 +1308,8 @@ class JudgeGap(Detector):
     ) -> float:
         """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows."""
         rows, ceilings = self._reference_arrays(reference)
-        z = np.asarray([_normal_scores(rows[k], scores[k]) for k in (0, *judges)])
+        members = [0, *judges]
+        z = _normal_score_rows(rows[members], scores[members])
         return self._lower_bound(z, r, ceilings[judges])
 
     def _reference_arrays(
@@ -1341,7 +1342,7 @@ class JudgeGap(Detector):
         rows = np.concatenate([np.asarray(batch, dtype=np.float64)[members] for batch in batches], axis=1)
         ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
         queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
-        z = np.asarray([_normal_scores(row, query) for row, query in zip(ordered, queries, strict=True)])
+        z = _normal_score_rows(ordered, queries)
         agree = np.minimum(r, _pool_agreement(z[:, :pooled]))
         if agree.sum() <= 0.0:  # no judge agrees with the trained reward where the run now is
             memory.pop("recent_previous", None)
@@ -1585,6 +1586,25 @@ def _normal_scores(
     below = np.searchsorted(ordered, values, side="left")
     at_most = np.searchsorted(ordered, values, side="right")
     scores: NDArray[np.float64] = _probits(len(ordered))[below + at_most]
+    return scores
+
+
+
+_BROADCAST_CELLS = 1 << 16  # comparisons up to which counting by broadcasting beats a searchsorted per row
+
+
+def _normal_score_rows(ordered: NDArray[np.float64], values: NDArray[np.float64]) -> NDArray[np.float64]:
+    """:func:`_normal_scores` of each row of ``values`` among the same row of ``ordered`` (rows sorted).
+
+    The ranks are counts, so counting the row's entries below and at most each value by broadcasting, in
+    one pass over all rows, gives exactly the ranks of a ``searchsorted`` per row; it is used while the
+    comparisons stay few (small batches, where the per-row calls would cost more than the counting).
+    """
+    if ordered.shape[0] * ordered.shape[1] * values.shape[1] > _BROADCAST_CELLS:
+        return np.asarray([_normal_scores(row, query) for row, query in zip(ordered, values, strict=True)])
+    pairs = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
+    ranks = np.count_nonzero(pairs[0] < pairs[1], axis=2) + np.count_nonzero(pairs[0] <= pairs[1], axis=2)
+    scores: NDArray[np.float64] = _probits(ordered.shape[1])[ranks]
     return scores
 
 

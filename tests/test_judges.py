@@ -358,6 +358,18 @@ def test_the_pool_ceilings_are_each_rows_ceiling():
     assert _ceilings(rows).tolist() == pytest.approx(expected, rel=1e-12)
 
 
+@pytest.mark.parametrize("width", [6, 400])  # counted by broadcasting / one searchsorted per row
+def test_the_normal_scores_of_all_rows_at_once_are_each_rows_by_hand(width):
+    from loopguard.detectors import _BROADCAST_CELLS, _normal_score_rows
+
+    generator = np.random.default_rng(7)
+    ordered = np.sort(generator.integers(0, 5, size=(3, width)).astype(np.float64), axis=1)  # many ties
+    values = np.concatenate([ordered[:, ::3], generator.uniform(-1.0, 6.0, size=(3, 20))], axis=1)
+    assert (ordered.size * values.shape[1] > _BROADCAST_CELLS) == (width == 400)  # both paths are taken
+    expected = [_normal_scores_by_hand(ordered[k].tolist(), values[k].tolist()) for k in range(3)]
+    np.testing.assert_allclose(_normal_score_rows(ordered, values), np.array(expected), rtol=1e-12)
+
+
 def test_one_detector_reads_each_memory_against_its_own_reference():
     # a detector keeps the closed reference sample as arrays between steps; a memory holding another sample
     # (a loaded state, a second Guard given the same detector) is read against that sample, not the kept one
