@@ -1589,7 +1589,6 @@ def _normal_scores(
     return scores
 
 
-
 _BROADCAST_CELLS = 1 << 16  # comparisons up to which counting by broadcasting beats a searchsorted per row
 
 
@@ -1602,8 +1601,8 @@ def _normal_score_rows(ordered: NDArray[np.float64], values: NDArray[np.float64]
     """
     if ordered.shape[0] * ordered.shape[1] * values.shape[1] > _BROADCAST_CELLS:
         return np.asarray([_normal_scores(row, query) for row, query in zip(ordered, values, strict=True)])
-    pairs = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
-    ranks = np.count_nonzero(pairs[0] < pairs[1], axis=2) + np.count_nonzero(pairs[0] <= pairs[1], axis=2)
+    grid, query = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
+    ranks = np.count_nonzero(grid < query, axis=2) + np.count_nonzero(grid <= query, axis=2)
     scores: NDArray[np.float64] = _probits(ordered.shape[1])[ranks]
     return scores
 
