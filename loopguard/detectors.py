@@ -285,6 +285,13 @@ class Detector:
     def on_rollback(self, memory: dict[str, Any]) -> None:
         """Hook called when the Guard decides a rollback: forget what describes the batches rolled back."""
 
+    def on_verdict(self, memory: dict[str, Any], healthy: bool) -> None:
+        """Hook called on every step the Guard measured, once its verdict is known (``healthy``: it read OK).
+
+        For a detector that learns from the run's own recent batches: what a step read as a hack (or a
+        warning) must not become the evidence later steps are judged against.
+        """
+
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Validate the detector's saved ``memory`` (from a state being loaded); return a fresh copy.
 
@@ -1207,8 +1214,10 @@ class JudgeGap(Detector):
     over judges: a judge that has saturated where the run now is (a probability near 1, whose noise then
     outweighs what it still sees) expects less and counts less, instead of reading the healthy rise it can
     no longer follow as a gap. The reading sees a hack that builds within about ``lag`` batches; one that
-    grows more slowly looks like the policy's own past. The recent batches are forgotten at a rollback (the
-    reading restarts ``lag + recent`` batches later). ``lag=0`` keeps only the reference reading.
+    grows more slowly looks like the policy's own past. Only batches the Guard read as OK join the recent
+    batches (:meth:`on_verdict`): a hack that persists is read against the healthy batches before it, not
+    against its own past, which would teach the pool the hack and silence the reading ``lag`` batches on.
+    A rollback keeps them (all read OK). ``lag=0`` keeps only the reference reading.
 
     Only judges whose reference correlation with the trained reward is at least ``min_agreement`` count: a
     function logged beside the reward that measures something else (a length or a format check) is not a
@@ -1390,17 +1399,17 @@ class JudgeGap(Detector):
         return min([bound, *earlier])
 
     def _history(self, memory: dict[str, Any], scores: NDArray[np.float64]) -> list[list[list[float]]] | None:
-        """The batches before this one, oldest first, once ``lag + recent - 1`` are kept; then keep this one.
+        """The healthy batches before this one, oldest first, once ``lag + recent - 1`` are kept.
 
-        Each batch keeps at most ``reference_size // recent`` completions, so the recent pool is never
+        This batch waits for the Guard's verdict (:meth:`on_verdict`), which keeps it only if the step reads
+        OK. Each batch keeps at most ``reference_size // recent`` completions, so the recent pool is never
         larger than the reference sample.
         """
         if self.lag == 0:
             return None
-        kept = self.lag + self.recent - 1
         earlier: list[list[list[float]]] = memory.get("history", [])  # members checked by _collect
-        memory["history"] = [*earlier, scores[:, : self.reference_size // self.recent].tolist()][-kept:]
-        return earlier if len(earlier) == kept else None
+        memory["pending"] = scores[:, : self.reference_size // self.recent].tolist()
+        return earlier if len(earlier) == self.lag + self.recent - 1 else None
 
     def _collect(self, memory: dict[str, Any], scores: NDArray[np.float64], data: StepData) -> bool:
         """Add the batch to the reference sample while it is open; True once it is closed (and read)."""
@@ -1438,9 +1447,21 @@ class JudgeGap(Detector):
         if "reference" in memory and not memory.get("frozen"):
             self._freeze(memory)
 
+    def on_verdict(self, memory: dict[str, Any], healthy: bool) -> None:
+        """Keep this step's batch among the recent batches only when the step read OK.
+
+        A batch read as a warning or a hack never joins the recent pool, so a hack that persists is read
+        against the healthy batches before it, not against its own past: the pool a hack could teach is
+        the one that would stop seeing it.
+        """
+        pending = memory.pop("pending", None)
+        if healthy and pending is not None:
+            kept = self.lag + self.recent - 1
+            memory["history"] = [*memory.get("history", []), pending][-kept:]
+
     def on_rollback(self, memory: dict[str, Any]) -> None:
-        """The batches rolled back leave the windows and the recent batches (the recent reading restarts)."""
-        for key in ("previous", "recent_previous", "history"):
+        """The batches rolled back leave the windows; the recent batches, all read OK, stay."""
+        for key in ("previous", "recent_previous"):
             memory.pop(key, None)
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
@@ -1454,7 +1475,7 @@ class JudgeGap(Detector):
         """
         keys = (
             "reference", "batches", "from_reference", "frozen", "agreement", "previous", "history",
-            "recent_previous",
+            "recent_previous", "pending",
         )  # fmt: skip
         fields = _memory_fields(memory, path, keys)
         if not fields.names():
@@ -1511,34 +1532,36 @@ class JudgeGap(Detector):
                 checked[key] = check_state_reals(
                     fields.name(key), fields.raw(key), max_length=self.window - 1
                 )
+        for key in ("history", "pending"):
+            if key in fields and self.lag == 0:
+                name = fields.name(key)
+                msg = f"`{name}` is kept only with a recent reading, and this judge_gap has lag=0."
+                raise StateError(msg)
         if "history" in fields:
-            checked["history"] = self._check_history(fields, len(reference))
+            name = fields.name("history")
+            checked["history"] = [
+                self._check_batch(f"{name}[{index}]", batch, len(reference))
+                for index, batch in enumerate(fields.items("history", max_length=self.lag + self.recent - 1))
+            ]
+        if "pending" in fields:  # a step that failed between measuring and its verdict left its batch
+            pending = fields.raw("pending")
+            checked["pending"] = self._check_batch(fields.name("pending"), pending, len(reference))
         return checked
 
-    def _check_history(self, fields: Fields, members: int) -> list[list[list[float]]]:
-        """The saved recent batches: at most ``lag + recent - 1``, each one row of scores per member."""
-        name = fields.name("history")
-        if self.lag == 0:
-            msg = f"`{name}` is kept only with a recent reading, and this judge_gap has lag=0."
+    def _check_batch(self, name: str, batch: object, members: int) -> list[list[float]]:
+        """One saved recent batch: one row of scores per member, non-empty rows of one length."""
+        if not isinstance(batch, list) or len(batch) != members:
+            msg = f"`{name}` must hold one row of scores per member ({members}), got {describe(batch)}."
             raise StateError(msg)
-        history: list[list[list[float]]] = []
-        for index, batch in enumerate(fields.items("history", max_length=self.lag + self.recent - 1)):
-            if not isinstance(batch, list) or len(batch) != members:
-                msg = (
-                    f"`{name}[{index}]` must hold one row of scores per member ({members}), got "
-                    f"{describe(batch)}."
-                )
-                raise StateError(msg)
-            rows = [
-                check_state_reals(f"{name}[{index}][{k}]", row, max_length=self.reference_size // self.recent)
-                for k, row in enumerate(batch)
-            ]
-            if not rows[0] or any(len(row) != len(rows[0]) for row in rows):
-                lengths = sorted({len(row) for row in rows})
-                msg = f"`{name}[{index}]` must hold non-empty rows of one length, got lengths {lengths}."
-                raise StateError(msg)
-            history.append(rows)
-        return history
+        rows = [
+            check_state_reals(f"{name}[{k}]", row, max_length=self.reference_size // self.recent)
+            for k, row in enumerate(batch)
+        ]
+        if not rows[0] or any(len(row) != len(rows[0]) for row in rows):
+            lengths = sorted({len(row) for row in rows})
+            msg = f"`{name}` must hold non-empty rows of one length, got lengths {lengths}."
+            raise StateError(msg)
+        return rows
 
 
 def _pool_agreement(z: NDArray[np.float64]) -> NDArray[np.float64]:

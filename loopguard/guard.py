@@ -1403,6 +1403,9 @@ class Guard:
         self._vote = reading.vote = vote
         reading.verdict = "HACK" if vote >= self.hack_level else "WARN" if vote >= self.warn_level else "OK"
         self._commit_warm(reading)
+        healthy = reading.verdict == "OK"
+        for detector in self.detectors:  # recent-past evidence is kept only from steps that read OK
+            detector.on_verdict(self._memories[detector.name].memory, healthy)
 
         acts_now = self.controller is not None and self.controller.acts_while_warming
         if reading.warming and reading.verdict == "OK" and not acts_now:

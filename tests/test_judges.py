@@ -320,6 +320,7 @@ def test_the_recent_reading_by_hand(sizes):
         batches.append(scores)
         observation = Observation(step, scores[0], ensemble_scores=scores)
         raw = detector.measure(StepData(observation, warmup_steps=2, reference=step < 2), memory)
+        detector.on_verdict(memory, True)  # the Guard's call once the step has read OK
     # step 6 is read against the pool of steps 3 and 4 (ending lag=2 batches back)
     pool = np.concatenate(batches[3:5], axis=1)
     z_pool = [_normal_scores_by_hand(row, row) for row in pool]
@@ -336,15 +337,44 @@ def test_the_recent_reading_by_hand(sizes):
     assert [np.asarray(b).tolist() for b in memory["history"]] == [b.tolist() for b in batches[4:7]]
 
 
-def test_a_rollback_forgets_the_recent_batches():
+def test_a_rollback_forgets_the_windows_and_keeps_the_healthy_batches():
     guard = Guard([JudgeGap(members=4)], mode="log_only")
     for step, rewards, rows in _beyond_the_reference(1, rise=4, over=20, steps=30):
         guard.step(Observation(step, rewards, ensemble_scores=rows))
     memory = dict(guard.state_dict()["detectors"]["judge_gap"]["memory"])
     assert len(memory["history"]) == 14  # lag 10 + recent 5 - 1
     assert "recent_previous" in memory
+    history = memory["history"]
     guard.detectors[0].on_rollback(memory)
-    assert not {"history", "recent_previous", "previous"} & set(memory)
+    assert not {"recent_previous", "previous"} & set(memory)
+    assert memory["history"] is history  # read OK: they are the restored policy's recent past too
+
+
+def test_only_batches_read_ok_join_the_recent_pool():
+    detector = JudgeGap(members=4, lag=2, recent=2)
+    memory = {}
+    batches = []
+    for step, rewards, rows in _beyond_the_reference(3, rise=4, over=20, steps=9):
+        batches.append(np.asarray(rows).tolist())
+        detector.measure(StepData(Observation(step, rewards, ensemble_scores=rows), warmup_steps=2), memory)
+        assert memory["pending"] == batches[-1]
+        detector.on_verdict(memory, step not in (5, 6))  # steps 5 and 6 read WARN or HACK
+        assert "pending" not in memory
+    assert memory["history"] == [batches[4], batches[7], batches[8]]
+
+
+def test_a_hack_that_persists_is_read_against_the_healthy_batches_before_it():
+    # the bonus pays from step 60 to the end: the batches read as a warning or a hack never join the recent
+    # pool, so the reading does not learn the hack as the run's recent past; it stays up (when every batch
+    # joined the pool, it read OK again within 3-8 steps of its first warning, and 10 of 30 at most not OK)
+    for seed in range(6):
+        verdicts, _ = _verdicts(
+            JudgeGap(members=4), _beyond_the_reference(seed, rise=4, over=20, hack_at=60, steps=110)
+        )
+        first = next(step for step, verdict in enumerate(verdicts) if verdict != "OK")
+        assert 60 <= first <= 80, (seed, first)
+        assert "HACK" in verdicts, seed
+        assert sum(verdict != "OK" for verdict in verdicts[first : first + 30]) >= 15, (seed, verdicts[first:])
 
 
 def test_the_pool_ceilings_are_each_rows_ceiling():
@@ -382,6 +412,8 @@ def test_one_detector_reads_each_memory_against_its_own_reference():
             _, rewards, rows = streams[k][step]
             data = StepData(Observation(step, rewards, ensemble_scores=rows), warmup_steps=10)
             assert shared.measure(data, memories[k]) == alone[k].measure(data, solo_memories[k])
+            shared.on_verdict(memories[k], True)
+            alone[k].on_verdict(solo_memories[k], True)
     assert memories[0]["reference"] != memories[1]["reference"]
 
 
@@ -405,6 +437,10 @@ def test_a_saved_recent_history_that_no_run_could_write_is_refused():
         )
     with pytest.raises(StateError, match="lag=0"):
         JudgeGap(members=4, lag=0).check_memory(memory, "m")
+    # a step that failed between its measurement and its verdict leaves its batch pending: it loads
+    assert detector.check_memory(dict(memory, pending=history[0]), "m")["pending"] == history[0]
+    with pytest.raises(StateError, match=r"`m\['pending'\]` must hold one row of scores per member"):
+        detector.check_memory(dict(memory, pending=history[0][:3]), "m")
     with pytest.raises(StateError, match="recent_previous"):
         detector.check_memory(dict(memory, recent_previous=[0.1, 0.2]), "m")
     with pytest.raises(ConfigError, match="lag"):
