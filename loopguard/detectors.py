@@ -55,6 +55,7 @@ from loopguard._types import HACK_LEVEL, WARN_LEVEL  # defined there: the log's 
 from loopguard._validation import (
     MAX_ENSEMBLE_MEMBERS,
     as_float_array,
+    boolean,
     check_int,
     check_name,
     check_real,
@@ -539,6 +540,13 @@ class Takeover(_NgramDetector):
     n-grams take over the batch on purpose. Add it where no phrase should spread: ``Guard([...,
     "takeover"])``. It needs a reference sample (``reference_steps > 0``).
 
+    ``Takeover(scored=False)`` reads nothing and never votes: it keeps the reference pool and, when the
+    escalation ladder's targeted rung asks during a hack another signal found, names the batch's most
+    over-represented n-gram (:meth:`top_ngram`, this batch alone), for the Guard to price on the raw
+    rewards. A format the reward pays for on purpose is then priced only inside a hack episode and only when
+    the reward's pay for it explains the within-group reward beyond noise. The bare
+    :class:`~loopguard.RewardHackMitigator` adds it to its default signals.
+
     Every n-gram of 1 to ``n`` tokens is a candidate (a single rewarded token scattered through the
     completions, a repeated token, a phrase).
 
@@ -558,6 +566,8 @@ class Takeover(_NgramDetector):
             and no seed of the Goodhart benchmark's clean scenario reads HACK. With 1 (each batch
             alone), one batch's spike of a healthy policy's favourite word reads as a takeover: 2.5 % of
             the healthy runs at batch 8 and 2 of 5 clean seeds read HACK for a step.
+        scored: Whether it reads (and votes). False: it only names the targeted rung's candidate n-gram
+            when asked (above). Default True.
     """
 
     name: ClassVar[str] = "takeover"
@@ -570,6 +580,7 @@ class Takeover(_NgramDetector):
     keep: int = attrs.field(default=4096, validator=integer(lo=16, hi=1_000_000))
     margin: float = attrs.field(default=4.0, validator=real(lo=0.0, hi=10.0))
     window: int = attrs.field(default=2, validator=integer(lo=1, hi=8))
+    scored: bool = attrs.field(default=True, validator=boolean())
     # the reference pool as arrays, with the lists they were made from (see _reference_counts)
     _arrays: dict[str, Any] = attrs.field(factory=dict, init=False, repr=False, eq=False)
 
@@ -589,6 +600,8 @@ class Takeover(_NgramDetector):
 
     def measure(self, data: StepData, memory: dict[str, Any]) -> Raw | None:
         """Pool reference batches; score each later batch against the pool, held over the window."""
+        if not self.scored and not data.reference:  # nothing to read: it names n-grams only when asked
+            return {} if data.tokens is not None else None
         counted = _counts_up_to(data, self.n)
         if counted is None:
             return None
@@ -599,12 +612,7 @@ class Takeover(_NgramDetector):
             return {}
         if not memory.get("rows") or rows == 0 or len(keys) == 0:
             return {}
-        reference, pooled = self._reference_counts(memory, keys), float(memory["rows"])
-        p, q = counts / rows, reference / pooled
-        # the spread of each share uses (k + 1) / (n + 2), so a share of 0 or 1 still has one (Agresti-Coull)
-        p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
-        spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
-        excess = p - q - self.margin * spread
+        excess, pooled = self._excess(memory, keys, counts, rows), float(memory["rows"])
         held = excess.copy()
         earlier: list[dict[str, Any]] = memory.get("previous", [])
         for batch in earlier:  # the rise each n-gram held in the window's earlier batches
@@ -629,6 +637,18 @@ class Takeover(_NgramDetector):
             memory["previous"] = [*earlier, this][1 - self.window :]
         return {"excess_share": float(np.clip(held[best], -1.0, 1.0))}
 
+    def _excess(
+        self, memory: dict[str, Any], keys: NDArray[np.uint64], counts: NDArray[np.int64], rows: int
+    ) -> NDArray[np.float64]:
+        """Each n-gram's rise in share over the reference pool, less ``margin`` standard errors (``e_g``)."""
+        reference, pooled = self._reference_counts(memory, keys), float(memory["rows"])
+        p, q = counts / rows, reference / pooled
+        # the spread of each share uses (k + 1) / (n + 2), so a share of 0 or 1 still has one (Agresti-Coull)
+        p_spread, q_spread = (counts + 1.0) / (rows + 2.0), (reference + 1.0) / (pooled + 2.0)
+        spread = np.sqrt(p_spread * (1.0 - p_spread) / rows + q_spread * (1.0 - q_spread) / pooled)
+        excess: NDArray[np.float64] = p - q - self.margin * spread
+        return excess
+
     def on_rollback(self, memory: dict[str, Any]) -> None:
         """The batches rolled back leave the window: the restored policy is scored on its own batches."""
         memory.pop("previous", None)
@@ -650,12 +670,25 @@ class Takeover(_NgramDetector):
     def top_ngram(self, data: StepData, memory: dict[str, Any]) -> tuple[int, ...] | None:
         """The token ids of the n-gram :meth:`measure` scored this batch by (its most over-represented one).
 
-        None when the batch has no token ids, or :meth:`measure` has not scored a batch yet.
+        Unscored (``scored=False``), the n-gram of this batch alone whose share rose most beyond the
+        reference pool's, less ``margin`` standard errors. None when the batch has no token ids, when
+        :meth:`measure` has not scored a batch yet, or (unscored) when no n-gram rose beyond that margin.
         """
         tokens, ids = data.tokens, _stable_ids(data)
-        if tokens is None or ids is None or data.observation.completion_ids is None or "top" not in memory:
+        if tokens is None or ids is None or data.observation.completion_ids is None:
             return None
-        best = np.uint64(memory["top"])
+        if not self.scored:  # nothing was scored: this batch's most over-represented n-gram, found now
+            counted = _counts_up_to(data, self.n)
+            if counted is None or not memory.get("rows") or not tokens.n_rows or not len(counted[0]):
+                return None
+            excess = self._excess(memory, counted[0], counted[1], tokens.n_rows)
+            if float(excess.max()) <= 0.0:  # no n-gram rose beyond the noise: nothing took over
+                return None
+            best = counted[0][len(excess) - 1 - int(np.argmax(excess[::-1]))]
+        elif "top" not in memory:
+            return None
+        else:
+            best = np.uint64(memory["top"])
         lengths = tokens.lengths
         position_in_row = np.arange(len(ids), dtype=np.int64) - np.repeat(tokens.offsets[:-1], lengths)
         for size in range(1, self.n + 1):

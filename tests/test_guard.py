@@ -20,6 +20,7 @@ from loopguard import (
     RMEnsemble,
     StateError,
 )
+from loopguard.detectors import Takeover
 
 WORDS = [f"w{i}" for i in range(200)]
 B, G = 32, 4
@@ -549,13 +550,15 @@ def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resum
     assert resumed.penalty == guard.penalty
 
 
-def test_the_token_an_ensemble_trips_on_is_priced_though_takeover_stays_below_its_bands():
+@pytest.mark.parametrize("takeover", [Takeover(), Takeover(scored=False)], ids=["scored", "unscored"])
+def test_the_token_an_ensemble_trips_on_is_priced_though_takeover_stays_below_its_bands(takeover):
     """The proxy pays for 99, a second reward model does not: the ensemble trips while the suffix is in a
     third of the completions, too few for takeover's own bands. Its most over-represented n-gram is still a
-    candidate, and the raw reward pays for it, so the targeted rung prices it (not the innocent 98 alone)."""
+    candidate, and the raw reward pays for it, so the targeted rung prices it (not the innocent 98 alone).
+    An unscored takeover (the one-liner's) reads nothing and names the same candidate."""
     rng = np.random.default_rng(3)
     ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
-    guard = Guard([RMEnsemble(members=2), "takeover"], beta=0.01, ladder=ladder)
+    guard = Guard([RMEnsemble(members=2), takeover], beta=0.01, ladder=ladder)
     decisions = []
     for step in range(45):
         batch = _takeover_batch(rng, step, 0.0 if step < 25 else 0.35)

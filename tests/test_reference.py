@@ -282,6 +282,29 @@ def test_takeover_forgets_the_window_on_a_rollback_and_names_the_scored_ngram():
         Takeover(window=0)
 
 
+def test_an_unscored_takeover_pools_the_reference_and_names_the_ngram_only_when_asked():
+    # Takeover(scored=False) keeps the reference pool, reads nothing and so never votes; asked (by the
+    # targeted rung, during a hack), it names the batch's most over-represented n-gram, the one a scored
+    # takeover reading that batch alone (window=1) scores it by
+    unscored, scored = Takeover(scored=False), Takeover(window=1)
+    guards = [Guard([detector], mode="log_only", warmup_steps=5) for detector in (unscored, scored)]
+    for step in range(6):
+        share = 0.875 if step >= 3 else 0.0
+        quiet, loud = (guard.step(_with_word(step, share)) for guard in guards)
+        assert quiet.verdict == "OK"
+        assert not any(key.startswith("takeover") for key in (*quiet.raw, *quiet.scores))
+    assert loud.verdict == "HACK"
+    memories = [guard.state_dict()["detectors"]["takeover"]["memory"] for guard in guards]
+    pool = ("keys", "counts", "floor", "rows")
+    assert {key: memories[0][key] for key in pool} == {key: memories[1][key] for key in pool}
+    assert set(memories[0]) == set(pool)  # no window, no scored n-gram
+    data = StepData(_with_word(6, 0.875), warmup_steps=5)
+    assert unscored.top_ngram(data, memories[0]) == (9100,)
+    assert unscored.top_ngram(StepData(_with_word(6, 0.0), warmup_steps=5), memories[0]) is None  # none rose
+    with pytest.raises(LoopguardTypeError, match="`scored` must be a bool"):
+        Takeover(scored=1)
+
+
 def test_length_alone_votes_on_its_own():
     def lengthening(step):
         rng = np.random.default_rng(step)

@@ -113,6 +113,7 @@ from loopguard.detectors import (
     JudgeGap,
     Repetition,
     RMEnsemble,
+    Takeover,
 )
 from loopguard.exceptions import (
     ConfigError,
@@ -446,16 +447,23 @@ def _guard_of(
     on_error: OnError,
     rollback: bool | None,
     signals: Sequence[str | JudgeGap] | None = None,
+    *,
+    names: bool = True,
 ) -> Guard:
     """The mitigator's Guard: the one given, or the ``mode`` preset (default ``"kl_control"``).
 
     A preset that changes beta gets the default :class:`EscalationLadder` (rollback, targeted penalty, stop)
-    unless ``rollback=False``; ``signals`` (a preset only) replaces the default signals.
+    unless ``rollback=False``, and with it an unscored ``takeover`` (``Takeover(scored=False)``: it never
+    votes, it names the n-gram spreading through the batch for the targeted rung to price) unless
+    ``names=False``; ``signals`` (a preset only) replaces the default signals.
     """
     if guard is None:
         chosen = mode or "kl_control"
         ladder = EscalationLadder() if rollback is not False and chosen != "log_only" else None
-        return Guard(signals, mode=chosen, ladder=ladder, on_error=on_error)  # type: ignore[arg-type]
+        detectors: list[Any] = list(DEFAULT_SIGNALS if signals is None else signals)
+        if names and ladder is not None and ladder.targeted:
+            detectors.append(Takeover(scored=False))
+        return Guard(detectors, mode=chosen, ladder=ladder, on_error=on_error)  # type: ignore[arg-type]
     if rollback is not None:
         msg = (
             f"`rollback` must be None when a guard is given (its ladder decides: Guard(..., "
@@ -776,7 +784,7 @@ class RewardHackMitigator(_Observer):
                 "trainer's reward_funcs)."
             )
             raise ConfigError(msg)
-        self._watch_judges(trainer, args, state)
+        self._fit_preset(trainer, args, state)
         self._members = self._ensemble_members(trainer)
         if isinstance(self._source, GenerationSource):
             _check_raw_rewards_logged(trainer)
@@ -862,8 +870,8 @@ class RewardHackMitigator(_Observer):
         )
         self._log.append(record)
 
-    def _watch_judges(self, trainer: Any, args: TrainingArguments, state: TrainerState) -> None:
-        """The preset Guard also reads the trainer's watched reward functions (weight 0) as judges.
+    def _fit_preset(self, trainer: Any, args: TrainingArguments, state: TrainerState) -> None:
+        """Fit the preset Guard to the trainer's watched reward functions and to the state it resumes.
 
         A reward function that a TRL trainer scores with weight 0 is logged, not trained on: the user's
         second opinion on the completions. With exactly one trained function, the preset Guard gains the
@@ -872,13 +880,33 @@ class RewardHackMitigator(_Observer):
         correlate with the trained one's below 0.5 is left out: it measures something else). A Guard given
         by the user, a Guard that has already stepped, or several trained functions (which one a judge
         judges is not known) get none; the last is said at the start. A run resumed from a state saved
-        without judges resumes as it was saved (said at the start).
+        without judges, or without the preset's unscored ``takeover`` (an earlier loopguard's), resumes as
+        it was saved (said at the start).
         """
         if self._preset is None or self._source is None or self.guard.reference_batches or self.guard.seen:
             return
-        trained, watched = trained_and_watched(trainer, self._source.function_names())
-        if not watched:
+        saved = self._saved_signals(args, state)
+        names = saved is None or Takeover.name in saved
+        if not names:
+            self._console.status(
+                logging.INFO,
+                "loopguard: the state being resumed was saved without the unscored takeover that names what "
+                "the targeted penalty prices, so this run goes on as it was saved, without it.",
+            )
+        judges = self._judges(trainer, self._source.function_names(), saved)
+        if judges is None and names:
             return
+        mode, on_error, rollback = self._preset
+        signals: list[str | JudgeGap] = [*DEFAULT_SIGNALS]
+        if judges is not None:
+            signals.append(judges)
+        self.guard = _guard_of(mode, None, on_error, rollback, signals=signals, names=names)
+
+    def _judges(self, trainer: Any, functions: Sequence[str], saved: list[Any] | None) -> JudgeGap | None:
+        """The trainer's watched reward functions as judges of its one trained function (see above)."""
+        trained, watched = trained_and_watched(trainer, functions)
+        if not watched:
+            return None
         listed = ", ".join(watched)
         if len(trained) != 1:
             self._console.status(
@@ -887,24 +915,22 @@ class RewardHackMitigator(_Observer):
                 f"trainer trains on {len(trained)} reward functions, and which one they judge is not known "
                 "(name them: guard=Guard([..., JudgeGap(members=(trained, *watched))])).",
             )
-            return
-        saved = self._saved_signals(args, state)
+            return None
         if saved is not None and JudgeGap.name not in saved:
             self._console.status(
                 logging.INFO,
                 f"loopguard: the state being resumed was saved without judges, so this run goes on as it was "
                 f"saved: the watched reward functions ({listed}) are not read as judges.",
             )
-            return
-        mode, on_error, rollback = self._preset
+            return None
         judges = JudgeGap(members=(trained[0], *watched))
-        self.guard = _guard_of(mode, None, on_error, rollback, signals=[*DEFAULT_SIGNALS, judges])
         self._console.status(
             logging.INFO,
             f"loopguard: reading the watched reward functions {listed} (weight 0) as judges of {trained[0]} "
             f"(signal judge_gap; a judge whose reference scores correlate with {trained[0]}'s below "
             f"{judges.min_agreement:g} is left out). To choose the signals yourself: guard=Guard([...]).",
         )
+        return judges
 
     def _state_path(self, args: TrainingArguments, state: TrainerState) -> str:
         """The loopguard state file of the checkpoint this run resumes from."""

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 from adapter_helpers import Spy, decisions, grpo_trainer, make_echo_reward
 
-from loopguard import EchoTrapCallback, GoldAudit, Guard, JudgeGap, RewardHackMitigator, RMEnsemble
+from loopguard import (
+    EchoTrapCallback,
+    EscalationLadder,
+    GoldAudit,
+    Guard,
+    JudgeGap,
+    RewardHackMitigator,
+    RMEnsemble,
+)
 from loopguard.adapters.hf_trainer import EchoTrapCallback as Direct
 from loopguard.detectors import DEFAULT_SIGNALS
 
@@ -124,7 +132,7 @@ def test_the_one_liner_reads_watched_reward_functions_as_judges(model_dir, token
 
     detector = next(d for d in mitigator.guard.detectors if isinstance(d, JudgeGap))
     assert detector.members == ("echo_reward", "judge")
-    assert [d.name for d in mitigator.guard.detectors] == [*DEFAULT_SIGNALS, "judge_gap"]
+    assert [d.name for d in mitigator.guard.detectors] == [*DEFAULT_SIGNALS, "judge_gap", "takeover"]
     assert any("reading the watched reward functions judge (weight 0) as judges of echo_reward" in line for line in lines)
     records = decisions(tmp_path)
     gap = {r["step"]: r["signals"].get("judge_gap.gap") for r in records}
@@ -149,7 +157,7 @@ def test_no_judges_without_a_single_trained_function(model_dir, tokenizer, tmp_p
     )  # fmt: skip
     trainer.add_callback(trained_both)
     trainer.train()
-    assert [d.name for d in trained_both.guard.detectors] == list(DEFAULT_SIGNALS)  # nothing is watched
+    assert [d.name for d in trained_both.guard.detectors] == [*DEFAULT_SIGNALS, "takeover"]  # nothing watched
 
     two_trained = RewardHackMitigator()
     trainer = grpo_trainer(
@@ -158,7 +166,7 @@ def test_no_judges_without_a_single_trained_function(model_dir, tokenizer, tmp_p
     )  # fmt: skip
     trainer.add_callback(two_trained)
     trainer.train()
-    assert [d.name for d in two_trained.guard.detectors] == list(DEFAULT_SIGNALS)
+    assert [d.name for d in two_trained.guard.detectors] == [*DEFAULT_SIGNALS, "takeover"]
     assert any(
         "watched reward functions (judge; weight 0) are not read as judges: the trainer trains on 2" in line
         for line in lines
@@ -187,7 +195,7 @@ def test_the_one_liners_judges_resume_with_their_reference_sample(model_dir, tok
 
     second, resumed = run(10, save_strategy="no")
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-8"))
-    assert [d.name for d in second.guard.detectors][-1] == "judge_gap"
+    assert [d.name for d in second.guard.detectors][-2:] == ["judge_gap", "takeover"]
     after = second.guard.state_dict()
     assert after["seen"] == saved["guard"]["seen"] + 2
     assert after["detectors"]["judge_gap"]["memory"]["reference"] == memory["reference"]  # not learnt again
@@ -212,6 +220,29 @@ def test_a_run_saved_without_judges_resumes_as_it_was_saved(model_dir, tokenizer
     )  # fmt: skip
     resumed.add_callback(mitigator)
     resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
-    assert [d.name for d in mitigator.guard.detectors] == list(DEFAULT_SIGNALS)
+    assert [d.name for d in mitigator.guard.detectors] == [*DEFAULT_SIGNALS, "takeover"]
     assert mitigator.guard.seen == 5  # the saved state was restored, and the run went on from it
     assert any("the state being resumed was saved without judges" in line for line in lines)
+
+
+def test_a_one_liner_state_saved_without_the_unscored_takeover_resumes_as_it_was_saved(
+    model_dir, tokenizer, tmp_path, lines
+):
+    # the one-liner of an earlier loopguard: the default signals and the default ladder, nothing that names
+    # n-grams for the targeted rung; the bare one-liner resumes its checkpoint as it was saved
+    trainer = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(100)], max_steps=4, save_strategy="steps", save_steps=4
+    )
+    trainer.add_callback(RewardHackMitigator(guard=Guard(mode="kl_control", ladder=EscalationLadder())))
+    trainer.train()
+
+    mitigator = RewardHackMitigator()
+    resumed = grpo_trainer(
+        model_dir, tokenizer, tmp_path, [make_echo_reward(100)], max_steps=5, save_strategy="no", log_level="info"
+    )
+    resumed.add_callback(mitigator)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-4"))
+    assert [d.name for d in mitigator.guard.detectors] == list(DEFAULT_SIGNALS)
+    assert mitigator.guard.seen == 5
+    assert mitigator.guard.ladder is not None
+    assert any("saved without the unscored takeover" in line for line in lines)
