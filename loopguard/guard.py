@@ -86,15 +86,15 @@ from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, St
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
 from loopguard.signals import TokenBatch, as_token_batch, mann_kendall_z, robust_baseline, series_slope
 from loopguard.signals._numeric import short_median
-from loopguard.targeted import Target, TargetedPenalty, price
+from loopguard.targeted import PriceEvidence, Target, TargetedPenalty, price
 
 __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
 
 Mode = Literal["log_only", "kl_control", "pid_lagrangian", "adaptive_kl"]
 OnError = Literal["warn", "raise"]
 
-STATE_VERSION = 5
-_READABLE_VERSIONS = (1, 2, 3, 4, 5)  # 1 had no "episode" (the adapters kept the onset); 2 no reference
+STATE_VERSION = 6
+_READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # 1 had no "episode" (the adapters kept the onset); 2 no reference
 # sample; 3 no targeted penalty and no ceiling count; 4 no sustained evidence
 _PRESETS: dict[str, type[Any]] = {
     "kl_control": BangBang,
@@ -120,12 +120,13 @@ _STATE_KEYS = (
     "penalty",
     "candidates",
     "ceiling_steps",
+    "pricing",
 )
-_KEYS_BY_VERSION = {1: 11, 2: 12, 3: 13, 4: 16, 5: 16}  # how many of _STATE_KEYS each version has
+_KEYS_BY_VERSION = {1: 11, 2: 12, 3: 13, 4: 16, 5: 16, 6: 17}  # how many of _STATE_KEYS each version has
 _CEILING_WARN_EVERY = 10  # HACK with beta at its ceiling: warn on the first such step, then every 10
 _EPISODE_KEYS = ("onset", "suspect", "healthy")
 _MEMORY_KEYS = ("warm", "baseline", "recent", "score", "smoothed", "memory", "reference", "evidence")
-_MEMORY_KEYS_BY_VERSION = {1: 6, 2: 6, 3: 7, 4: 7, 5: 8}  # how many of _MEMORY_KEYS each version has
+_MEMORY_KEYS_BY_VERSION = {1: 6, 2: 6, 3: 7, 4: 7, 5: 8, 6: 8}  # how many of _MEMORY_KEYS each version has
 _MAX_REFERENCE_BATCHES = 64  # reference batches kept per statistic (add_reference plus the first steps)
 _TREND_Z = 2.33  # Mann-Kendall z of a warm-up trend toward a hack: one-sided p < 0.01
 _TREND_MIN_POINTS = 6  # fewest warm-up values a trend is tested on
@@ -474,6 +475,7 @@ class DecodedState:
     penalty: TargetedPenalty | None = None
     candidates: TargetedPenalty | None = None
     ceiling_steps: int = 0
+    pricing: PriceEvidence | None = None
 
 
 @attrs.define
@@ -659,7 +661,8 @@ class Guard:
         self._episode = _Episode()
         self._reference_batches = 0
         self._penalty: TargetedPenalty | None = None
-        self._candidates: TargetedPenalty | None = None  # features priced during the current HACK episode
+        self._candidates: TargetedPenalty | None = None  # features the current episode's batches price
+        self._pricing: PriceEvidence | None = None  # the current episode's batches, pooled for pricing
         self._ceiling_steps = 0  # consecutive HACK steps with beta at the controller's ceiling
         self._anchor_cache: dict[str, tuple[tuple[tuple[str, int, int], ...], dict[str, list[float]]]] = {}
 
@@ -680,7 +683,7 @@ class Guard:
         Example:
             >>> import json
             >>> json.loads(json.dumps(Guard(mode="log_only").state_dict()))["version"]
-            5
+            6
         """
         return {
             "version": STATE_VERSION,
@@ -699,6 +702,7 @@ class Guard:
             "penalty": None if self._penalty is None else self._penalty.to_dict(),
             "candidates": None if self._candidates is None else self._candidates.to_dict(),
             "ceiling_steps": self._ceiling_steps,
+            "pricing": None if self._pricing is None else self._pricing.to_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any] | DecodedState) -> None:
@@ -808,6 +812,15 @@ class Guard:
                 msg = "`state['penalty']` must be None when the ladder never switched it on, got a penalty."
                 raise StateError(msg)
             ceiling_steps = fields.integer("ceiling_steps", lo=0, hi=seen)
+        pricing = None
+        if version >= 6 and fields.raw("pricing") is not None:
+            pricing = PriceEvidence.from_dict(fields.raw("pricing"), fields.name("pricing"))
+            if self.ladder is None or not self.ladder.targeted or penalty is not None:
+                msg = (
+                    "`state['pricing']` must be None without a targeted ladder or once a penalty is on, got "
+                    "pooled batches."
+                )
+                raise StateError(msg)
         return DecodedState(
             config=self._fingerprint(),
             seen=seen,
@@ -824,6 +837,7 @@ class Guard:
             penalty=penalty,
             candidates=candidates,
             ceiling_steps=ceiling_steps,
+            pricing=pricing,
         )
 
     def _decode_memory(self, detector: Detector, fields: Fields, seen: int) -> _DetectorMemory:
@@ -991,6 +1005,7 @@ class Guard:
         self._episode = memory.episode
         self._reference_batches = memory.reference_batches
         self._penalty, self._candidates = memory.penalty, memory.candidates
+        self._pricing = memory.pricing
         self._ceiling_steps = memory.ceiling_steps
         self._anchor_cache = {}
 
@@ -1433,7 +1448,7 @@ class Guard:
         hacking = reading.verdict == "HACK"  # while warming up, only absolute bands can say HACK
         ladder_out: LadderOutput | None = None
         if self.ladder is not None and self._ladder_state is not None:
-            targets = self._price(reading, hacking)
+            targets = self._price(reading)
             can_shape = self._penalty is None and self._candidates is not None
             ladder_out, self._ladder_state = self.ladder.update(
                 self._ladder_state, hacking=hacking, can_rollback=can_rollback, can_shape=can_shape
@@ -1486,27 +1501,28 @@ class Guard:
         """
         return self._penalty
 
-    def _targets(self, reading: _Reading) -> list[Target] | None:
-        """Features the signals name and the raw reward pays for, priced jointly (``targeted.price``).
+    def _named(self, reading: _Reading) -> list[Target] | None:
+        """Features the signals name (unpriced); None when the batch cannot be priced (no ids, < 4 rewards).
 
         The signals at WARN or above name their features: ``length`` the tokens past the reference's length,
-        ``repetition`` / ``diversity`` the repetition rate. ``takeover`` names the batch's most
-        over-represented n-gram whether or not it reached its own bands: the signal that finds a hack is
-        often another one (an ensemble sees the pay at once, while ``takeover`` needs two batches to
-        confirm a spread, and the raised beta may stop the spread before the second). The F test on the
-        raw rewards still decides: the n-gram is priced only when the reward pays for it beyond noise.
+        ``repetition`` / ``diversity`` the repetition rate. ``takeover`` names the tokens of the batch's most
+        over-represented n-gram whether or not it reached its own bands, each as paid per occurrence and as
+        paid once for holding it (a keyword): the signal that finds a hack is often another one (an ensemble
+        or the judges see the pay at once, while ``takeover`` needs two batches to confirm a spread, and the
+        raised beta may stop the spread before the second). The F test on the raw rewards still decides: a
+        feature is priced only when the reward pays for it beyond noise.
         """
         data, obs = reading.data, reading.observation
         if data is None or obs.completion_ids is None or len(obs.rewards) < 4:
             return None
-        batch = obs.completion_ids
         tripping = [name for name, score in reading.scores.items() if score >= self.warn_level]
         candidates: list[Target] = []
         for detector in self.detectors:
             if isinstance(detector, Takeover):
                 ngram = detector.top_ngram(data, self._memories[detector.name].memory)
-                for token in sorted(set(ngram or ())):
-                    candidates.append(Target(kind="tokens", token=token, rate=0.0, source=detector.name))
+                for token in sorted(set(ngram or ())):  # paid per occurrence, or once for holding it
+                    for kind in ("tokens", "presence"):
+                        candidates.append(Target(kind=kind, token=token, rate=0.0, source=detector.name))
             elif detector.name not in tripping:
                 continue
             elif isinstance(detector, Length):
@@ -1516,10 +1532,7 @@ class Guard:
                     candidates.append(target)
             elif isinstance(detector, (Repetition, Diversity)):
                 candidates.append(Target(kind="repetition", n=detector.n, rate=0.0, source=detector.name))
-        if self._penalty is not None:  # re-price what is already penalised on this batch's raw rewards
-            known = {target.key for target in candidates}
-            candidates.extend(target for target in self._penalty.targets if target.key not in known)
-        return price(candidates, batch, obs.rewards, obs.group_size)
+        return candidates
 
     def _reference_length(self, detector: Length) -> float | None:
         """The reference sample's median mean length (else the warm-up baseline's), in tokens."""
@@ -1529,26 +1542,42 @@ class Guard:
         baseline = self._memories[detector.name].baseline
         return None if baseline is None else float(baseline["mean_length"][0])
 
-    def _price(self, reading: _Reading, hacking: bool) -> list[Target]:
-        """Price this batch's targets; remember the HACK episode's candidates (reset by an OK verdict).
+    def _price(self, reading: _Reading) -> list[Target]:
+        """The episode's candidates priced on its pooled batches; while a penalty is on, this batch's price.
 
-        A feature is priced on a batch where it varies within prompt groups; by the time the ladder acts, the
-        exploit may fill the whole batch, so the price measured earlier in the episode is kept.
+        An episode runs from its first non-OK verdict to the next OK one. A feature is priced on batches
+        where it varies within prompt groups: the warning steps that open an episode, while the exploit is
+        still spreading, often say the most, and by the time the ladder acts the exploit may fill the whole
+        batch (a keyword in every completion). So every batch of the episode adds to one pooled fit
+        (:class:`~loopguard.targeted.PriceEvidence`: one F test on all of them, never the luckiest of many
+        per-batch tests), and the candidates are what it prices. While the penalty is on, each batch
+        re-prices the named features and the penalised ones on its own raw rewards (rates only grow).
         """
         if self.ladder is None or not self.ladder.targeted:
             return []
         if reading.verdict == "OK":
-            self._candidates = None
-        if not hacking and self._penalty is None:
+            self._candidates = self._pricing = None
+            if self._penalty is None:
+                return []
+        named = self._named(reading)
+        obs = reading.observation
+        batch = obs.completion_ids
+        if named is None or batch is None:  # this batch cannot say: the episode's price stands
             return []
-        targets = self._targets(reading)
-        if hacking and targets is not None:  # the latest measurable price (a batch that cannot say keeps it)
-            self._candidates = TargetedPenalty(tuple(targets)) if targets else None
-        return targets or []
+        if self._penalty is not None:  # re-price what is already penalised on this batch's raw rewards
+            known = {target.key for target in named}
+            named.extend(target for target in self._penalty.targets if target.key not in known)
+            return price(named, batch, obs.rewards, obs.group_size) or []
+        pricing = self._pricing if self._pricing is not None else PriceEvidence.of(named)
+        self._pricing = pricing.add(named, batch, obs.rewards, obs.group_size)
+        priced = self._pricing.price()
+        self._candidates = TargetedPenalty(tuple(priced)) if priced else None
+        return priced or []
 
     def _update_penalty(self, targets: list[Target], ladder_out: LadderOutput) -> None:
         if ladder_out.shape and self._candidates is not None:
             self._penalty = self._candidates.merged(targets)
+            self._pricing = None  # from now on each batch re-prices the penalty on its own
         elif self._penalty is not None and targets:
             self._penalty = self._penalty.merged(targets)  # re-priced on the raw reward: rates only grow
         forget = getattr(self.controller, "forget", None)

@@ -9,9 +9,10 @@ instead take the pay out of that feature: the trained reward becomes
 
     \tilde r_i = r_i - \sum_k c_k\, x_{ik}, \qquad c_k = m \cdot \max\big(0,\ \hat\beta_k\big)
 
-where :math:`x_{ik}` is feature :math:`k` of completion :math:`i` (occurrences of a token, tokens past the
-reference length, the n-gram repetition rate) and :math:`\hat\beta_k` the *premium* the proxy pays per unit
-of it, measured on the raw rewards of the hacking batches: the least-squares coefficients of reward on all
+where :math:`x_{ik}` is feature :math:`k` of completion :math:`i` (occurrences of a token, whether the
+completion holds it at all, tokens past the reference length, the n-gram repetition rate) and
+:math:`\hat\beta_k` the *premium* the proxy pays per unit of it, measured on the raw rewards of the batches of
+the episode: the least-squares coefficients of reward on all
 candidate features together, within each group of completions of one prompt (the comparison GRPO's
 advantages make), pooled over the groups (features that always occur together share one premium: the
 minimum-norm solution splits it). With the margin :math:`m` (default 2) the feature costs more than it
@@ -43,7 +44,7 @@ import attrs
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from loopguard._saved_state import Fields, as_state_error, open_state
+from loopguard._saved_state import Fields, as_state_error, check_state_reals, open_state
 from loopguard._validation import describe, integer, real
 from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
 from loopguard.signals import TokenBatch, as_token_batch, ngram_repetition_rate
@@ -52,6 +53,7 @@ __all__ = [
     "MARGIN",
     "MAX_TARGETS",
     "P_VALUE",
+    "PriceEvidence",
     "Target",
     "TargetKind",
     "TargetedPenalty",
@@ -60,8 +62,9 @@ __all__ = [
     "price",
 ]
 
-TargetKind = Literal["tokens", "length", "repetition"]
-"""What a target measures: occurrences of one token, tokens past a length, or the n-gram repetition rate."""
+TargetKind = Literal["tokens", "presence", "length", "repetition"]
+"""What a target measures: occurrences of one token, whether a completion holds it, tokens past a length, or
+the n-gram repetition rate."""
 
 MARGIN = 2.0
 """How many times the measured premium a feature costs once penalised."""
@@ -72,8 +75,9 @@ MAX_TARGETS = 16
 P_VALUE = 0.05
 """Candidates are priced only when they explain the reward at this significance (noise is not a premium)."""
 
-_KINDS = ("tokens", "length", "repetition")
+_KINDS = ("tokens", "presence", "length", "repetition")
 _STATE_KIND = "loopguard.TargetedPenalty"
+_EVIDENCE_KIND = "loopguard.PriceEvidence"
 _STATE_VERSION = 1
 
 
@@ -82,12 +86,13 @@ class Target:
     """One penalised feature.
 
     Attributes:
-        kind: ``"tokens"`` (occurrences of ``token``), ``"length"`` (tokens past ``threshold``) or
-            ``"repetition"`` (the ``n``-gram repetition rate of
+        kind: ``"tokens"`` (occurrences of ``token``), ``"presence"`` (1 when the completion holds
+            ``token`` at all, else 0: a reward that pays once for a keyword), ``"length"`` (tokens past
+            ``threshold``) or ``"repetition"`` (the ``n``-gram repetition rate of
             :func:`loopguard.signals.ngram_repetition_rate`).
         rate: Penalty per unit of the feature, >= 0.
         source: The signal that asked for it (``"takeover"``, ``"length"``, ``"repetition"``, ...).
-        token: The token id, for ``"tokens"``.
+        token: The token id, for ``"tokens"`` and ``"presence"``.
         threshold: The length past which each token costs ``rate``, for ``"length"``.
         n: The n-gram size, for ``"repetition"``.
     """
@@ -101,7 +106,7 @@ class Target:
 
     def __attrs_post_init__(self) -> None:
         """Each kind has exactly its own parameter."""
-        needed = {"tokens": "token", "length": "threshold", "repetition": "n"}[self.kind]
+        needed = {"tokens": "token", "presence": "token", "length": "threshold", "repetition": "n"}[self.kind]
         for name in ("token", "threshold", "n"):
             if (getattr(self, name) is None) == (name == needed):
                 rule = "must be set" if name == needed else "must be None"
@@ -111,16 +116,18 @@ class Target:
     @property
     def key(self) -> tuple[str, float]:
         """What makes two targets the same feature (their rates aside)."""
-        value = self.token if self.kind == "tokens" else self.threshold if self.kind == "length" else self.n
+        kind = self.kind
+        value = self.threshold if kind == "length" else self.n if kind == "repetition" else self.token
         return self.kind, float(value if value is not None else 0)
 
     def feature(self, batch: TokenBatch) -> NDArray[np.float64]:
         """This feature of every completion of ``batch``."""
         lengths = np.diff(batch.offsets).astype(np.float64)
-        if self.kind == "tokens":
+        if self.kind in ("tokens", "presence"):
             rows = np.repeat(np.arange(len(lengths)), np.diff(batch.offsets))
             hits = batch.tokens == self.token
-            return np.bincount(rows[hits], minlength=len(lengths)).astype(np.float64)
+            counts = np.bincount(rows[hits], minlength=len(lengths)).astype(np.float64)
+            return counts if self.kind == "tokens" else np.minimum(counts, 1.0)
         if self.kind == "length":
             return np.maximum(lengths - float(self.threshold or 0.0), 0.0)
         rates = ngram_repetition_rate(batch, int(self.n or 1), reduce="none")
@@ -130,6 +137,8 @@ class Target:
         """One plain-English phrase."""
         if self.kind == "tokens":
             what = f"token {self.token} costs {self.rate:.3g} per occurrence"
+        elif self.kind == "presence":
+            what = f"a completion holding token {self.token} costs {self.rate:.3g}"
         elif self.kind == "length":
             what = f"each token past {self.threshold:.3g} costs {self.rate:.3g}"
         else:
@@ -281,7 +290,8 @@ def price(
     Nothing is priced (``[]``) unless the candidates together explain the within-group reward variance
     beyond noise (an F test at :data:`P_VALUE`; the signal that names them already found the hack, so this
     only checks that the reward pays for them); a target whose premium is <= 0 is left out. None when the
-    batch cannot say (no candidate varies within a group, too few completions).
+    batch cannot say (no candidate varies within a group, too few completions). :class:`PriceEvidence`
+    prices on several batches pooled, with the same arithmetic.
 
     Example:
         >>> batch = as_token_batch("ids", [[5, 5], [1], [5], [2], [5, 5, 5], [3]])
@@ -291,38 +301,196 @@ def price(
     """
     if not targets:
         return None
-    r = np.asarray(rewards, dtype=np.float64)
-    x = np.stack([target.feature(batch) for target in targets], axis=1)
-    size = group_size if group_size and len(r) % group_size == 0 else len(r)
-    xc = (
-        x.reshape(-1, size, x.shape[1]) - x.reshape(-1, size, x.shape[1]).mean(axis=1, keepdims=True)
-    ).reshape(x.shape)
-    rc = (r.reshape(-1, size) - r.reshape(-1, size).mean(axis=1, keepdims=True)).reshape(-1)
-    varies = (xc * xc).sum(axis=0) > 1e-12
-    if not varies.any():
-        return None
-    used = xc[:, varies]
-    fit = np.linalg.lstsq(used, rc, rcond=None)[0]
-    # the candidates must explain the reward beyond its noise (F test of the within-group fit, one-sided
-    # p < P_VALUE; one mean per group is spent): noise is not a premium
-    rank = int(np.linalg.matrix_rank(used))
-    dof = len(rc) - len(rc) // size - rank
-    residual = float(((rc - used @ fit) ** 2).sum())
-    explained = float((rc**2).sum()) - residual
-    if dof < 1 or rank == 0:
-        return None
-    if explained <= 0:
-        return []
-    statistic = (explained / rank) / max(residual / dof, 1e-300)
-    if f_survival(statistic, rank, dof) >= P_VALUE:
-        return []
-    coef = np.zeros(len(targets))
-    coef[varies] = fit
-    return [
-        attrs.evolve(target, rate=MARGIN * float(paid))
-        for target, paid in zip(targets, coef, strict=True)
-        if paid > 0
-    ]
+    return PriceEvidence.of(targets).add(targets, batch, rewards, group_size).price()
+
+
+def _unpriced(target: Target) -> Target:
+    return target if target.rate == 0.0 else attrs.evolve(target, rate=0.0)
+
+
+def _matrix(value: object) -> tuple[tuple[float, ...], ...]:
+    return tuple(tuple(float(x) for x in row) for row in value)  # type: ignore[attr-defined]
+
+
+def _vector(value: object) -> tuple[float, ...]:
+    return tuple(float(x) for x in value)  # type: ignore[attr-defined]
+
+
+@attrs.frozen
+class PriceEvidence:
+    r"""What the batches of one episode say about what the reward pays for: within-group sums, pooled.
+
+    Each batch adds its within-group cross-products of the candidate features and the raw reward (every
+    feature and reward centred on its prompt group's mean, as GRPO's advantages compare), so the premium
+    and its F test are those of one least-squares fit on all the episode's completions together:
+
+    .. math::
+
+        \hat\beta = (X^\top X)^{+} X^\top r, \qquad
+        F = \frac{\hat\beta^\top X^\top r / k}{(r^\top r - \hat\beta^\top X^\top r)/(n - g - k)}
+
+    over the features that vary within some group (``k`` their rank, ``n`` completions in ``g`` groups; the
+    pseudo-inverse gives the minimum-norm premium, so features that always occur together share it). One
+    test on the pooled batches, not one per batch: an exploit that fills the whole batch by the time the
+    ladder acts is priced on the batches where it was still spreading, and a reward that pays nothing is
+    not priced by one batch's chance fit among many.
+
+    A batch naming a candidate the evidence does not hold starts the evidence again on the union (the new
+    feature was not measured on the earlier batches).
+
+    Attributes:
+        targets: The candidate features (their rates are not used), at most :data:`MAX_TARGETS`.
+        xx: :math:`X^\top X`, one row per target.
+        xr: :math:`X^\top r`.
+        rr: :math:`r^\top r`.
+        rows: Completions pooled.
+        groups: Prompt groups pooled.
+        batches: Batches pooled.
+    """
+
+    targets: tuple[Target, ...] = attrs.field(converter=_as_targets)
+    xx: tuple[tuple[float, ...], ...] = attrs.field(converter=_matrix)
+    xr: tuple[float, ...] = attrs.field(converter=_vector)
+    rr: float = attrs.field(default=0.0, validator=real(lo=0.0))
+    rows: int = attrs.field(default=0, validator=integer(lo=0))
+    groups: int = attrs.field(default=0, validator=integer(lo=0))
+    batches: int = attrs.field(default=0, validator=integer(lo=0))
+
+    def __attrs_post_init__(self) -> None:
+        """At most :data:`MAX_TARGETS` distinct targets, sums of their shape, no more groups than rows."""
+        count = len(self.targets)
+        if count > MAX_TARGETS or len({target.key for target in self.targets}) != count:
+            msg = f"`targets` must hold at most {MAX_TARGETS} distinct features, got {count}."
+            raise ConfigError(msg)
+        if len(self.xr) != count or len(self.xx) != count or any(len(row) != count for row in self.xx):
+            msg = f"`xx` and `xr` must have one row (and column) per target ({count})."
+            raise ConfigError(msg)
+        if not all(math.isfinite(v) for v in (*self.xr, *(x for row in self.xx for x in row))):
+            msg = "`xx` and `xr` must be finite."
+            raise ConfigError(msg)
+        if self.groups > self.rows or (self.rows > 0) != (self.batches > 0):
+            msg = (
+                f"`groups` must be at most `rows`, and `batches` > 0 exactly when `rows` > 0, got groups="
+                f"{self.groups}, rows={self.rows}, batches={self.batches}."
+            )
+            raise ConfigError(msg)
+
+    @classmethod
+    def of(cls, targets: Sequence[Target]) -> PriceEvidence:
+        """No batch yet, for ``targets`` (distinct features; at most :data:`MAX_TARGETS` are kept)."""
+        kept: dict[tuple[str, float], Target] = {}
+        for target in targets:
+            if target.key not in kept and len(kept) < MAX_TARGETS:
+                kept[target.key] = _unpriced(target)
+        count = len(kept)
+        return cls(tuple(kept.values()), ((0.0,) * count,) * count, (0.0,) * count)
+
+    def add(
+        self, named: Sequence[Target], batch: TokenBatch, rewards: ArrayLike, group_size: int | None
+    ) -> PriceEvidence:
+        """Pool one more batch, whose signals name ``named`` (a new candidate starts the evidence again)."""
+        known = {target.key for target in self.targets}
+        evidence = self
+        if len(known) < MAX_TARGETS and any(target.key not in known for target in named):
+            evidence = PriceEvidence.of([*self.targets, *named])
+        r = np.asarray(rewards, dtype=np.float64)
+        if not evidence.targets or len(r) < 2:
+            return evidence
+        x = np.stack([target.feature(batch) for target in evidence.targets], axis=1)
+        size = group_size if group_size and len(r) % group_size == 0 else len(r)
+        xc = (
+            x.reshape(-1, size, x.shape[1]) - x.reshape(-1, size, x.shape[1]).mean(axis=1, keepdims=True)
+        ).reshape(x.shape)
+        rc = (r.reshape(-1, size) - r.reshape(-1, size).mean(axis=1, keepdims=True)).reshape(-1)
+        return attrs.evolve(
+            evidence,
+            xx=np.asarray(evidence.xx, dtype=np.float64).reshape(x.shape[1], x.shape[1]) + xc.T @ xc,
+            xr=np.asarray(evidence.xr, dtype=np.float64) + xc.T @ rc,
+            rr=evidence.rr + float(rc @ rc),
+            rows=evidence.rows + len(r),
+            groups=evidence.groups + len(r) // size,
+            batches=evidence.batches + 1,
+        )
+
+    def price(self) -> list[Target] | None:
+        """The targets the pooled batches price (rate = :data:`MARGIN` x premium), as :func:`price` does.
+
+        ``[]``: the candidates do not explain the reward beyond noise (F test at :data:`P_VALUE`), or none
+        is paid for. None: the evidence cannot say (no candidate varies within a group, too few
+        completions).
+        """
+        if not self.targets:
+            return None
+        xx = np.asarray(self.xx, dtype=np.float64).reshape(len(self.targets), len(self.targets))
+        xr = np.asarray(self.xr, dtype=np.float64)
+        varies = np.diag(xx) > 1e-12
+        if not varies.any():
+            return None
+        used = xx[np.ix_(varies, varies)]
+        # the pseudo-inverse's own cut-off, on the normal equations: the minimum-norm least-squares fit
+        fit = np.linalg.pinv(used, hermitian=True) @ xr[varies]
+        rank = int(np.linalg.matrix_rank(used, hermitian=True))
+        dof = self.rows - self.groups - rank
+        if dof < 1 or rank == 0:
+            return None
+        explained = float(fit @ xr[varies])
+        residual = max(self.rr - explained, 0.0)
+        if explained <= 0:
+            return []
+        statistic = (explained / rank) / max(residual / dof, 1e-300)
+        if f_survival(statistic, rank, dof) >= P_VALUE:
+            return []
+        coef = np.zeros(len(self.targets))
+        coef[varies] = fit
+        return [
+            attrs.evolve(target, rate=MARGIN * float(paid))
+            for target, paid in zip(self.targets, coef, strict=True)
+            if paid > 0
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON (for the Guard's state)."""
+        return {
+            "kind": _EVIDENCE_KIND,
+            "version": _STATE_VERSION,
+            "targets": [target.to_dict() for target in self.targets],
+            "xx": [list(row) for row in self.xx],
+            "xr": list(self.xr),
+            "rr": self.rr,
+            "rows": self.rows,
+            "groups": self.groups,
+            "batches": self.batches,
+        }
+
+    @classmethod
+    def from_dict(cls, payload: object, path: str = "state") -> PriceEvidence:
+        """Rebuild from :meth:`to_dict`, checking every field.
+
+        Raises:
+            StateError: a malformed payload (the message names the field).
+        """
+        keys = ("kind", "version", "targets", "xx", "xr", "rr", "rows", "groups", "batches")
+        fields = open_state(
+            payload, kind=_EVIDENCE_KIND, version=_STATE_VERSION, keys=keys, owner="PriceEvidence", path=path
+        )
+        items = fields.items("targets", max_length=MAX_TARGETS)
+        targets = tuple(_target_from(fields.name("targets"), index, item) for index, item in enumerate(items))
+        count = len(targets)
+        xx = [
+            check_state_reals(f"{fields.name('xx')}[{i}]", row, max_length=count)
+            for i, row in enumerate(fields.items("xx", max_length=count))
+        ]
+        xr = check_state_reals(fields.name("xr"), fields.raw("xr"), max_length=count)
+        with as_state_error():
+            return cls(
+                targets,
+                xx,
+                xr,
+                rr=fields.real("rr", lo=0.0),
+                rows=fields.integer("rows", lo=0),
+                groups=fields.integer("groups", lo=0),
+                batches=fields.integer("batches", lo=0),
+            )
 
 
 def f_survival(x: float, d1: int, d2: int) -> float:

@@ -436,7 +436,7 @@ def test_load_state_refuses_another_configuration():
     saved = Guard(beta=0.01).state_dict()
     with pytest.raises(ConfigError, match=re.escape("`state` was saved by a Guard with mode='kl_control', but this Guard has mode='pid_lagrangian'.")):
         Guard(mode="pid_lagrangian", beta=0.01).load_state_dict(saved)
-    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 5, got 7.")):
+    with pytest.raises(ConfigError, match=re.escape("`state['version']` must be 6, got 7.")):
         Guard(beta=0.01).load_state_dict({**saved, "version": 7})
     with pytest.raises(StateError, match=re.escape("`state['detectors']` must have exactly the keys ['collapse', 'diversity', 'drift', 'length', 'repetition'], got missing ['collapse', 'diversity', 'drift', 'length', 'repetition'], unexpected []")):
         Guard(beta=0.01).load_state_dict({**saved, "detectors": {}})
@@ -575,6 +575,45 @@ def test_the_token_an_ensemble_trips_on_is_priced_though_takeover_stays_below_it
     assert guard.penalty is not None
     assert {t.token for t in guard.penalty.targets if t.kind == "tokens"} <= {98, 99}
     assert guard.penalty([[99, 98, 99, 98]])[0] > 0.3 * 2  # the suffix costs more than it earns
+
+
+def _keyword_batch(rng, step, share):
+    """``share`` of the completions hold the keyword 99 (1-3 times); the proxy pays 0.3 once for holding it,
+    a second reward model does not."""
+    ids, rewards, judge = [], [], []
+    for _ in range(16):
+        row = [int(t) for t in rng.integers(0, 90, size=rng.integers(4, 9))]
+        held = rng.random() < share
+        if held:
+            for _ in range(int(rng.integers(1, 4))):
+                row.insert(int(rng.integers(0, len(row) + 1)), 99)
+        quality = rng.normal(0, 0.2)
+        ids.append(row)
+        rewards.append(quality + 0.3 * held)
+        judge.append(quality + rng.normal(0, 0.03))
+    return Observation(
+        step, rewards, completion_ids=ids, group_size=4, kl=0.5, ensemble_scores=[rewards, judge]
+    )
+
+
+def test_a_keyword_paid_once_is_priced_on_the_episodes_batches_pooled():
+    """The keyword spreads over five batches and then fills every completion, held 1-3 times: its count is
+    no premium (the proxy pays once), its presence is, measured on the episode's batches pooled."""
+    rates = []
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        ladder = EscalationLadder(rollback_patience=20, stop_patience=20, max_rollbacks=1, cooldown_steps=2)
+        guard = Guard([RMEnsemble(members=2), Takeover(scored=False)], beta=0.01, ladder=ladder)
+        shares = [0.0] * 25 + [0.3, 0.45, 0.6, 0.75, 0.9] + [1.0] * 12
+        decisions = [guard.step(_keyword_batch(rng, step, share)) for step, share in enumerate(shares)]
+        assert not any("takeover" in d.scores for d in decisions)  # it names, it never reads
+        assert guard.penalty is not None, seed
+        priced = {(t.kind, t.token): t.rate for t in guard.penalty.targets}
+        rates.append(priced.get(("presence", 99), 0.0))
+        assert rates[-1] > 0.0, (seed, priced)
+        assert guard.penalty([[1, 2, 3]])[0] == 0.0
+    # twice the 0.3 it pays, measured on a few batches of 16 with noise sd 0.2 (0.22-1.28 over seeds 0-3)
+    assert 0.3 < float(np.mean(rates)) < 1.2, rates
 
 
 def test_no_targeted_penalty_when_the_reward_does_not_pay_for_the_feature():

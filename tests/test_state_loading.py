@@ -407,7 +407,10 @@ def test_a_value_that_contradicts_the_guard_is_refused():
 
 def written_by(state, version):
     """A Guard state as loopguard wrote it at ``version``: 1 kept no episode, 1-2 no reference sample, 1-3 no
-    targeted penalty and no ceiling count, 1-4 no sustained evidence."""
+    targeted penalty and no ceiling count, 1-4 no sustained evidence, 1-5 no pooled pricing."""
+    state = {key: value for key, value in state.items() if key != "pricing"}
+    if version == 5:
+        return {**state, "version": 5}
     state = {
         **state,
         "detectors": {
@@ -436,10 +439,13 @@ def test_unknown_keys_and_versions_are_refused():
     state = _run(GUARDS["kl_control"](), 8).state_dict()
     with pytest.raises(StateError, match=re.escape("unexpected ['beta_floor']")):
         GUARDS["kl_control"]().load_state_dict({**state, "beta_floor": 0.5})
-    with pytest.raises(StateError, match=re.escape("`state['version']` must be 5, got 6.")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 6})
+    with pytest.raises(StateError, match=re.escape("`state['version']` must be 6, got 7.")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 7})
+    with pytest.raises(StateError, match=re.escape("unexpected ['pricing']")):
+        GUARDS["kl_control"]().load_state_dict({**state, "version": 5})  # version 5 had no pooled pricing
+    five = written_by(state, 5)
     with pytest.raises(StateError, match=re.escape("unexpected ['evidence']")):
-        GUARDS["kl_control"]().load_state_dict({**state, "version": 4})  # version 4 had no sustained evidence
+        GUARDS["kl_control"]().load_state_dict({**five, "version": 4})  # version 4 had no sustained evidence
     four = written_by(state, 4)
     with pytest.raises(StateError, match=re.escape("unexpected ['candidates', 'ceiling_steps', 'penalty']")):
         GUARDS["kl_control"]().load_state_dict({**four, "version": 3})  # version 3 had no targeted penalty
@@ -470,7 +476,7 @@ def test_the_loop_guard_state_keeps_the_onset_in_the_guard():
     state = loop.state_dict()
     assert state["version"] == 2
     assert set(state) == {"kind", "version", "guard", "rollbacks"}
-    assert state["guard"]["version"] == 5
+    assert state["guard"]["version"] == 6
     assert state["guard"]["episode"]["onset"] == onset
     twin = _loop_factory()
     twin.load_state_dict(json.loads(json.dumps(state)))

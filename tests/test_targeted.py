@@ -6,7 +6,15 @@ import pytest
 
 from loopguard import ConfigError, StateError
 from loopguard.signals import as_token_batch
-from loopguard.targeted import MAX_TARGETS, Target, TargetedPenalty, f_survival, premium, price
+from loopguard.targeted import (
+    MAX_TARGETS,
+    PriceEvidence,
+    Target,
+    TargetedPenalty,
+    f_survival,
+    premium,
+    price,
+)
 
 
 def test_each_kind_measures_its_feature_by_hand():
@@ -100,3 +108,106 @@ def test_price_needs_the_reward_to_pay_beyond_noise():
     assert paid[0].rate == pytest.approx(2 * 0.3, rel=0.3)
     assert price([target], batch, noise, 4) == []  # noise alone is not a premium
     assert price([target], as_token_batch("ids", [[5], [5], [5], [5]]), [1.0, 0.0, 1.0, 0.0], 2) is None
+
+
+def test_presence_is_whether_a_completion_holds_the_token_at_all():
+    ids = [[5, 5, 5, 1], [1, 2], [5, 1]]
+    holding = Target(kind="presence", token=5, rate=0.25, source="takeover")
+    assert TargetedPenalty((holding,))(ids).tolist() == [0.25, 0.0, 0.25]
+    assert holding.describe() == "a completion holding token 5 costs 0.25 (from takeover)"
+    counted = Target(kind="tokens", token=5, rate=0.25, source="takeover")
+    assert holding.key != counted.key  # two features of one token, priced apart
+    with pytest.raises(ConfigError, match=re.escape("`Target.token` must be set for kind 'presence'")):
+        Target(kind="presence", rate=1.0, source="takeover")
+
+
+def _groups_centred(values, size):
+    values = np.asarray(values, dtype=float)
+    shape = (-1, size, *values.shape[1:])
+    return (values.reshape(shape) - values.reshape(shape).mean(axis=1, keepdims=True)).reshape(values.shape)
+
+
+def _by_hand(features, rewards, size):
+    """The within-group least-squares premium (numpy's lstsq, minimum norm) and its F test's p-value."""
+    from scipy.stats import f
+
+    x, r = _groups_centred(features, size), _groups_centred(rewards, size)
+    fit, _, rank, _ = np.linalg.lstsq(x, r, rcond=None)
+    residual = float(((r - x @ fit) ** 2).sum())
+    dof = len(r) - len(r) // size - rank
+    return fit, f.sf(((r**2).sum() - residual) / rank / (residual / dof), rank, dof)
+
+
+def test_pooled_evidence_is_one_least_squares_fit_on_all_its_batches():
+    rng = np.random.default_rng(4)
+    targets = [
+        Target(kind="tokens", token=5, rate=0.0, source="takeover"),
+        Target(kind="presence", token=5, rate=0.0, source="takeover"),
+    ]
+    batches, rewards, features = [], [], []
+    for _ in range(3):
+        ids = [[5] * int(k) + [1, 2] for k in rng.integers(0, 4, size=16)]
+        counts = np.array([row.count(5) for row in ids], dtype=float)
+        held = np.minimum(counts, 1.0)
+        batches.append(as_token_batch("ids", ids))
+        rewards.append(rng.normal(0, 0.2, size=16) + 0.3 * held)  # paid once for holding the token
+        features.append(np.stack([counts, held], axis=1))
+    evidence = PriceEvidence.of(targets)
+    for batch, paid in zip(batches, rewards, strict=True):
+        evidence = evidence.add(targets, batch, paid, 4)
+    assert (evidence.rows, evidence.groups, evidence.batches) == (48, 12, 3)
+    fit, p_value = _by_hand(np.concatenate(features), np.concatenate(rewards), 4)
+    assert p_value < 0.05
+    priced = {target.kind: target.rate for target in evidence.price()}
+    kinds = ("tokens", "presence")
+    assert priced == pytest.approx({kind: 2.0 * v for kind, v in zip(kinds, fit, strict=True) if v > 0})
+    assert priced["presence"] == pytest.approx(2 * 0.3, abs=0.25)  # the pay is for holding it
+    # one batch: the single-batch price is the same arithmetic
+    alone = price(targets, batches[0], rewards[0], 4)
+    fit, p_value = _by_hand(features[0], rewards[0], 4)
+    expected = {kind: 2.0 * v for kind, v in zip(kinds, fit, strict=True) if v > 0}
+    assert ({t.kind: t.rate for t in alone} if alone else {}) == (pytest.approx(expected) if p_value < 0.05 else {})
+
+
+def test_features_that_always_occur_together_share_one_premium():
+    ids = [[5], [1], [5], [2], [5], [3], [5], [4]]  # each holds 5 at most once: count == presence
+    targets = [
+        Target(kind="tokens", token=5, rate=0.0, source="takeover"),
+        Target(kind="presence", token=5, rate=0.0, source="takeover"),
+    ]
+    rewards = [1.0, 0.0, 1.1, 0.1, 0.9, 0.0, 1.0, 0.05]
+    priced = PriceEvidence.of(targets).add(targets, as_token_batch("ids", ids), rewards, 2).price()
+    assert [t.kind for t in priced] == ["tokens", "presence"]
+    assert priced[0].rate == pytest.approx(priced[1].rate)  # the minimum-norm split
+    assert TargetedPenalty(priced)([[5], [1]])[0] == pytest.approx(2 * np.mean([1.0, 1.0, 0.9, 0.95]))  # within-pair gaps
+
+
+def test_a_newly_named_candidate_starts_the_evidence_again_and_a_known_one_pools():
+    batch = as_token_batch("ids", [[5, 1], [1], [6, 5], [2], [5], [6]])
+    five = Target(kind="tokens", token=5, rate=0.0, source="takeover")
+    six = Target(kind="tokens", token=6, rate=0.0, source="takeover")
+    rewards = [1.0, 0.0, 1.2, 0.1, 0.9, 0.2]
+    evidence = PriceEvidence.of([five]).add([five], batch, rewards, 2).add([five], batch, rewards, 2)
+    assert evidence.batches == 2
+    restarted = evidence.add([six], batch, rewards, 2)
+    assert [t.key for t in restarted.targets] == [five.key, six.key]
+    assert restarted.batches == 1  # six was not measured on the earlier batches
+    assert restarted.add([], batch, rewards, 2).batches == 2
+    full = PriceEvidence.of([Target(kind="tokens", token=i, rate=0.0, source="x") for i in range(40)])
+    assert len(full.targets) == MAX_TARGETS
+    assert full.add([six], batch, rewards, 2).targets == full.targets  # no room: the new one waits
+
+
+def test_pooled_evidence_round_trips_through_json_and_bad_fields_are_named():
+    target = Target(kind="presence", token=5, rate=0.0, source="takeover")
+    evidence = PriceEvidence.of([target]).add([target], as_token_batch("ids", [[5], [1], [5], [2]]), [1, 0, 1, 0], 2)
+    payload = json.loads(json.dumps(evidence.to_dict()))
+    assert PriceEvidence.from_dict(payload) == evidence
+    with pytest.raises(StateError, match=re.escape("`state['xx'][0]` must have at most 1 items, got 2")):
+        PriceEvidence.from_dict({**payload, "xx": [[1.0, 2.0]]})
+    with pytest.raises(StateError, match=re.escape("`state['rr']` must be >= 0")):
+        PriceEvidence.from_dict({**payload, "rr": -1.0})
+    with pytest.raises(StateError, match="`groups` must be at most `rows`"):
+        PriceEvidence.from_dict({**payload, "groups": 9})
+    with pytest.raises(StateError, match=re.escape("must be 'loopguard.PriceEvidence'")):
+        PriceEvidence.from_dict({**payload, "kind": "loopguard.TargetedPenalty"})

@@ -435,7 +435,7 @@ def test_a_version_2_mitigator_state_still_loads_and_gives_its_onset_to_the_guar
     guard_state = {
         key: value
         for key, value in state["guard"].items()
-        if key not in ("episode", "reference_batches", "penalty", "candidates", "ceiling_steps")
+        if key not in ("episode", "reference_batches", "penalty", "candidates", "ceiling_steps", "pricing")
     }
     guard_state["config"] = {
         key: value for key, value in guard_state["config"].items() if key != "reference_steps"
