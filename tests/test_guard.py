@@ -628,6 +628,48 @@ def test_no_targeted_penalty_when_the_reward_does_not_pay_for_the_feature():
     assert "stop" in [d.action for d in decisions]
 
 
+def test_a_guard_resumed_mid_episode_prices_on_the_same_pooled_batches():
+    def fresh():
+        ladder = EscalationLadder(rollback_patience=20, stop_patience=20, max_rollbacks=1, cooldown_steps=2)
+        return Guard([RMEnsemble(members=2), Takeover(scored=False)], beta=0.01, ladder=ladder)
+
+    rng = np.random.default_rng(0)
+    shares = [0.0] * 25 + [0.3, 0.45, 0.6, 0.75, 0.9] + [1.0] * 6
+    batches = [_keyword_batch(rng, step, share) for step, share in enumerate(shares)]
+    original = fresh()
+    for batch in batches[:28]:  # to step 27: the second step of the episode, one batch pooled
+        original.step(batch)
+    saved = json.loads(json.dumps(original.state_dict()))
+    assert saved["pricing"] is not None and saved["pricing"]["batches"] >= 1  # mid-episode, not yet shaped
+    assert saved["penalty"] is None
+    resumed = fresh()
+    resumed.load_state_dict(saved)
+    for batch in batches[28:]:
+        assert original.step(batch).to_dict() == resumed.step(batch).to_dict()
+    assert resumed.penalty == original.penalty is not None
+    assert resumed.state_dict()["pricing"] is None  # the penalty is on: each batch re-prices it on its own
+    with pytest.raises(StateError, match=re.escape("`state['pricing']` must be None without a targeted ladder")):
+        Guard([RMEnsemble(members=2), Takeover(scored=False)], beta=0.01, ladder=None).load_state_dict(
+            {**saved, "config": {**saved["config"], "ladder": False}, "ladder": None}
+        )
+
+
+def test_a_reward_that_pays_nothing_is_rarely_priced_by_the_pooled_episode():
+    # one F test on the episode's batches pooled, not one per batch: a suffix the reward pays nothing for,
+    # spreading through 20 hacking batches, is priced about as often as the test's 5 % level (2 of 40 seeds;
+    # keeping the latest batch whose own test priced it priced it in 6 of 40)
+    priced = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
+        guard = Guard(["takeover"], beta=0.01, ladder=ladder)
+        for step in range(45):
+            batch = _takeover_batch(rng, step, 0.0 if step < 25 else 0.85, pay=0.0)
+            guard.step(batch, can_rollback=False)
+        priced += guard.penalty is not None
+    assert priced <= 3
+
+
 def test_beta_stuck_at_the_ceiling_while_hack_persists_warns_again_and_again():
     rng = np.random.default_rng(2)
     guard = Guard(["takeover"], controller=BangBang(beta_ceil=0.05), beta=0.01)
