@@ -640,7 +640,8 @@ def test_a_guard_resumed_mid_episode_prices_on_the_same_pooled_batches():
     for batch in batches[:28]:  # to step 27: the second step of the episode, one batch pooled
         original.step(batch)
     saved = json.loads(json.dumps(original.state_dict()))
-    assert saved["pricing"] is not None and saved["pricing"]["batches"] >= 1  # mid-episode, not yet shaped
+    assert saved["pricing"] is not None
+    assert saved["pricing"]["batches"] >= 1  # mid-episode, not yet shaped
     assert saved["penalty"] is None
     resumed = fresh()
     resumed.load_state_dict(saved)
