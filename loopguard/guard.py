@@ -86,7 +86,7 @@ from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, St
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
 from loopguard.signals import TokenBatch, as_token_batch, mann_kendall_z, robust_baseline, series_slope
 from loopguard.signals._numeric import short_median
-from loopguard.targeted import PriceEvidence, Target, TargetedPenalty, price
+from loopguard.targeted import PriceEvidence, Target, TargetedPenalty
 
 __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
 
@@ -815,11 +815,8 @@ class Guard:
         pricing = None
         if version >= 6 and fields.raw("pricing") is not None:
             pricing = PriceEvidence.from_dict(fields.raw("pricing"), fields.name("pricing"))
-            if self.ladder is None or not self.ladder.targeted or penalty is not None:
-                msg = (
-                    "`state['pricing']` must be None without a targeted ladder or once a penalty is on, got "
-                    "pooled batches."
-                )
+            if self.ladder is None or not self.ladder.targeted:
+                msg = "`state['pricing']` must be None without a targeted ladder, got pooled batches."
                 raise StateError(msg)
         return DecodedState(
             config=self._fingerprint(),
@@ -1543,31 +1540,31 @@ class Guard:
         return None if baseline is None else float(baseline["mean_length"][0])
 
     def _price(self, reading: _Reading) -> list[Target]:
-        """The episode's candidates priced on its pooled batches; while a penalty is on, this batch's price.
+        """The episode's candidates, priced on its batches pooled (none outside an episode).
 
         An episode runs from its first non-OK verdict to the next OK one. A feature is priced on batches
         where it varies within prompt groups: the warning steps that open an episode, while the exploit is
         still spreading, often say the most, and by the time the ladder acts the exploit may fill the whole
         batch (a keyword in every completion). So every batch of the episode adds to one pooled fit
         (:class:`~loopguard.targeted.PriceEvidence`: one F test on all of them, never the luckiest of many
-        per-batch tests), and the candidates are what it prices. While the penalty is on, each batch
-        re-prices the named features and the penalised ones on its own raw rewards (rates only grow).
+        per-batch tests), and the candidates are what it prices. Once a penalty is on, the features it
+        charges are candidates of every later episode too, so a hack that comes back re-prices them on the
+        raw rewards (rates only grow); healthy steps price nothing, so a favourite word the reward rightly
+        pays for is never added on an OK step.
         """
         if self.ladder is None or not self.ladder.targeted:
             return []
         if reading.verdict == "OK":
             self._candidates = self._pricing = None
-            if self._penalty is None:
-                return []
+            return []
         named = self._named(reading)
         obs = reading.observation
         batch = obs.completion_ids
         if named is None or batch is None:  # this batch cannot say: the episode's price stands
             return []
-        if self._penalty is not None:  # re-price what is already penalised on this batch's raw rewards
+        if self._penalty is not None:  # re-price what is already penalised, on the raw rewards
             known = {target.key for target in named}
             named.extend(target for target in self._penalty.targets if target.key not in known)
-            return price(named, batch, obs.rewards, obs.group_size) or []
         pricing = self._pricing if self._pricing is not None else PriceEvidence.of(named)
         self._pricing = pricing.add(named, batch, obs.rewards, obs.group_size)
         priced = self._pricing.price()
@@ -1577,7 +1574,6 @@ class Guard:
     def _update_penalty(self, targets: list[Target], ladder_out: LadderOutput) -> None:
         if ladder_out.shape and self._candidates is not None:
             self._penalty = self._candidates.merged(targets)
-            self._pricing = None  # from now on each batch re-prices the penalty on its own
         elif self._penalty is not None and targets:
             self._penalty = self._penalty.merged(targets)  # re-priced on the raw reward: rates only grow
         forget = getattr(self.controller, "forget", None)

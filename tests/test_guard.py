@@ -648,11 +648,40 @@ def test_a_guard_resumed_mid_episode_prices_on_the_same_pooled_batches():
     for batch in batches[28:]:
         assert original.step(batch).to_dict() == resumed.step(batch).to_dict()
     assert resumed.penalty == original.penalty is not None
-    assert resumed.state_dict()["pricing"] is None  # the penalty is on: each batch re-prices it on its own
     with pytest.raises(StateError, match=re.escape("`state['pricing']` must be None without a targeted ladder")):
         Guard([RMEnsemble(members=2), Takeover(scored=False)], beta=0.01, ladder=None).load_state_dict(
             {**saved, "config": {**saved["config"], "ladder": False}, "ladder": None}
         )
+
+
+def test_healthy_steps_never_add_a_feature_to_a_penalty_that_is_on():
+    # after the keyword is priced, the policy drops it and takes to the word 42, which both the proxy and the
+    # judge pay for (a real improvement): the steps read OK, so nothing is priced and 42 is never penalised
+    rng = np.random.default_rng(0)
+    ladder = EscalationLadder(rollback_patience=20, stop_patience=20, max_rollbacks=1, cooldown_steps=2)
+    guard = Guard([RMEnsemble(members=2), Takeover(scored=False)], beta=0.01, ladder=ladder)
+    shares = [0.0] * 25 + [0.3, 0.45, 0.6, 0.75, 0.9] + [1.0] * 6
+    for step, share in enumerate(shares):
+        guard.step(_keyword_batch(rng, step, share))
+    assert guard.penalty is not None
+    verdicts = []
+    for step in range(len(shares), len(shares) + 40):
+        batch = _keyword_batch(rng, step, 0.0)
+        tokens = batch.completion_ids
+        ids = [tokens.tokens[a:b].tolist() for a, b in zip(tokens.offsets[:-1], tokens.offsets[1:], strict=True)]
+        favourite = rng.random(16) < 0.6
+        for row, chosen in zip(ids, favourite, strict=True):
+            if chosen:
+                row.append(42)
+        bonus = 0.2 * favourite
+        rewards = list(np.asarray(batch.rewards) + bonus)
+        judge = list(np.asarray(batch.ensemble_scores[1]) + bonus)
+        observation = Observation(
+            step, rewards, completion_ids=ids, group_size=4, kl=0.5, ensemble_scores=[rewards, judge]
+        )
+        verdicts.append(guard.step(observation).verdict)
+    assert verdicts.count("OK") >= 30
+    assert {t.token for t in guard.penalty.targets} == {99}
 
 
 def test_a_reward_that_pays_nothing_is_rarely_priced_by_the_pooled_episode():
