@@ -366,7 +366,7 @@ def test_only_batches_read_ok_join_the_recent_pool():
 def test_a_hack_that_persists_is_read_against_the_healthy_batches_before_it():
     # the bonus pays from step 60 to the end: the batches read as a warning or a hack never join the recent
     # pool, so the reading does not learn the hack as the run's recent past; it stays up (when every batch
-    # joined the pool, it read OK again within 3-8 steps of its first warning, and 10 of 30 at most not OK)
+    # joined the pool, it read OK again 2-10 steps after its first warning, and at most 10 of 30 steps not OK)
     for seed in range(6):
         verdicts, _ = _verdicts(
             JudgeGap(members=4), _beyond_the_reference(seed, rise=4, over=20, hack_at=60, steps=110)
