@@ -95,7 +95,7 @@ OnError = Literal["warn", "raise"]
 
 STATE_VERSION = 6
 _READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # 1 had no "episode" (the adapters kept the onset); 2 no reference
-# sample; 3 no targeted penalty and no ceiling count; 4 no sustained evidence
+# sample; 3 no targeted penalty and no ceiling count; 4 no sustained evidence; 5 no pooled pricing
 _PRESETS: dict[str, type[Any]] = {
     "kl_control": BangBang,
     "pid_lagrangian": PIDLagrangian,

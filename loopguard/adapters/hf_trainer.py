@@ -886,7 +886,8 @@ class RewardHackMitigator(_Observer):
         if self._preset is None or self._source is None or self.guard.reference_batches or self.guard.seen:
             return
         saved = self._saved_signals(args, state)
-        names = saved is None or Takeover.name in saved
+        preset_names = any(isinstance(detector, Takeover) for detector in self.guard.detectors)
+        names = saved is None or Takeover.name in saved or not preset_names
         if not names:
             self._console.status(
                 logging.INFO,
