@@ -84,3 +84,6 @@ if trainer.accelerator.is_main_process:
     acted = [f"{r['step']}:{r['action']}" for r in decisions if r["action"] != "none"]
     print(f"mitigation log (rank 0): {len(decisions)} decisions, actions {acted}; "
           f"rollback store {mitigator.checkpoints}")  # fmt: skip
+# End the process group before Python exits: left to the interpreter's teardown, gloo's worker threads can
+# abort a finished rank (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
+trainer.accelerator.end_training()
