@@ -1645,7 +1645,9 @@ def _normal_scores(
     return scores
 
 
-_BROADCAST_CELLS = 1 << 16  # comparisons up to which counting by broadcasting beats a searchsorted per row
+# comparisons up to which counting by broadcasting beats a searchsorted per row: measured equal at 5 rows of 48
+# x 16 (3,840), per row 1.2-3x faster from 6,400 (the recent pool, 5 rows of 80 x 96: 37 vs 113 us)
+_BROADCAST_CELLS = 1 << 12
 
 
 def _normal_score_rows(ordered: NDArray[np.float64], values: NDArray[np.float64]) -> NDArray[np.float64]:
