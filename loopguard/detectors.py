@@ -1645,8 +1645,8 @@ def _normal_scores(
     return scores
 
 
-# comparisons up to which counting by broadcasting beats a searchsorted per row: measured equal at 5 rows of 48
-# x 16 (3,840), per row 1.2-3x faster from 6,400 (the recent pool, 5 rows of 80 x 96: 37 vs 113 us)
+# comparisons up to which counting by broadcasting beats a searchsorted per row: measured equal at 5 rows of
+# 48 x 16 (3,840), per row 1.2-3x faster from 6,400 (the recent pool, 5 rows of 80 x 96: 37 vs 113 us)
 _BROADCAST_CELLS = 1 << 12
 
 
