@@ -50,7 +50,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from loopguard import signals
-from loopguard._saved_state import Fields, check_state_reals
+from loopguard._saved_state import Fields, as_state_error, check_state_reals
 from loopguard._types import HACK_LEVEL, WARN_LEVEL  # defined there: the log's readers need no numpy
 from loopguard._validation import (
     MAX_ENSEMBLE_MEMBERS,
@@ -626,14 +626,7 @@ class Takeover(_NgramDetector):
                 (1 / (rows + 2)) * (1 - 1 / (rows + 2)) / rows
                 + (1 / (pooled + 2)) * (1 - 1 / (pooled + 2)) / pooled
             )
-            bound = -self.margin * absent_spread
-            kept = np.arange(len(excess))
-            if len(excess) > _WINDOW_KEPT:  # the highest excess shares, found in linear time
-                ranked = np.argpartition(excess, len(excess) - _WINDOW_KEPT - 1)
-                kept = ranked[-_WINDOW_KEPT:]
-                bound = max(bound, float(excess[ranked[-_WINDOW_KEPT - 1]]))
-            kept = kept[np.argsort(keys[kept])]  # stored by key, for lookups
-            this = {"keys": keys[kept].tolist(), "excess": excess[kept].tolist(), "bound": bound}
+            this = _window_entry(keys, excess, -self.margin * absent_spread)
             memory["previous"] = [*earlier, this][1 - self.window :]
         return {"excess_share": float(np.clip(held[best], -1.0, 1.0))}
 
@@ -733,14 +726,15 @@ class Takeover(_NgramDetector):
         if missing:
             msg = f"`{path}` must hold 'keys', 'counts', 'floor' and 'rows' together, got no {missing}."
             raise StateError(msg)
-        keys = [
-            check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
-            for i, key in enumerate(fields.items("keys", max_length=self.keep))
-        ]
-        counts = [
-            check_int(f"{fields.name('counts')}[{i}]", count, lo=1)
-            for i, count in enumerate(fields.items("counts", max_length=self.keep))
-        ]
+        with as_state_error():  # a bad key or count is a bad saved state
+            keys = [
+                check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
+                for i, key in enumerate(fields.items("keys", max_length=self.keep))
+            ]
+            counts = [
+                check_int(f"{fields.name('counts')}[{i}]", count, lo=1)
+                for i, count in enumerate(fields.items("counts", max_length=self.keep))
+            ]
         rows, floor = fields.integer("rows", lo=1), fields.integer("floor", lo=0)
         if len(keys) != len(counts) or keys != sorted(set(keys)) or max(counts, default=0) > rows:
             msg = (
@@ -776,26 +770,42 @@ def _lookup(stored: object, values: object, keys: NDArray[np.uint64], default: f
     return found_values
 
 
+def _window_entry(keys: NDArray[np.uint64], values: NDArray[np.float64], bound: float) -> dict[str, Any]:
+    """A batch as a window keeps it: its ``_WINDOW_KEPT`` highest values by key, and a bound on the others.
+
+    ``bound`` bounds the values of keys absent from the batch; a key dropped here is bounded by the highest
+    value dropped, so a lookup (:func:`_held_before`) can overstate a value, never understate it.
+    """
+    kept = np.arange(len(values))
+    if len(values) > _WINDOW_KEPT:  # the highest values, found in linear time
+        ranked = np.argpartition(values, len(values) - _WINDOW_KEPT - 1)
+        kept = ranked[-_WINDOW_KEPT:]
+        bound = max(bound, float(values[ranked[-_WINDOW_KEPT - 1]]))
+    kept = kept[np.argsort(keys[kept])]  # stored by key, for lookups
+    return {"keys": keys[kept].tolist(), "excess": values[kept].tolist(), "bound": bound}
+
+
 def _held_before(batch: dict[str, Any], keys: NDArray[np.uint64]) -> NDArray[np.float64]:
     """Each of ``keys``' excess share in an earlier batch: stored, or the batch's bound on those not kept."""
     return _lookup(batch["keys"], batch["excess"], keys, batch["bound"])
 
 
-def _check_held(batch: object, path: str) -> dict[str, Any]:
-    """One earlier batch of Takeover's window, from a saved state."""
+def _check_held(batch: object, path: str, lo: float = _LOWEST, hi: float = 1.0) -> dict[str, Any]:
+    """One earlier batch of a window (Takeover's; JudgeGap's ``word`` reading), from a saved state."""
     fields = Fields(batch, path, keys=("keys", "excess", "bound"))
-    keys = [
-        check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
-        for i, key in enumerate(fields.items("keys", max_length=_WINDOW_KEPT))
-    ]
+    with as_state_error():  # a bad key is a bad saved state
+        keys = [
+            check_int(f"{fields.name('keys')}[{i}]", key, lo=0, hi=2**64 - 1)
+            for i, key in enumerate(fields.items("keys", max_length=_WINDOW_KEPT))
+        ]
     excess = check_state_reals(
-        fields.name("excess"), fields.raw("excess"), lo=_LOWEST, hi=1.0, max_length=_WINDOW_KEPT
+        fields.name("excess"), fields.raw("excess"), lo=lo, hi=hi, max_length=_WINDOW_KEPT
     )
-    bound = fields.real("bound", lo=_LOWEST, hi=1.0)
+    bound = fields.real("bound", lo=lo, hi=hi)
     if len(keys) != len(excess) or keys != sorted(set(keys)):
         msg = (
-            f"`{path}` must hold strictly increasing keys, one excess share per key, got {len(keys)} keys "
-            f"and {len(excess)} excess shares."
+            f"`{path}` must hold strictly increasing keys, one excess per key, got {len(keys)} keys "
+            f"and {len(excess)} excess values."
         )
         raise StateError(msg)
     return {"keys": keys, "excess": excess, "bound": bound}
@@ -1252,6 +1262,18 @@ class JudgeGap(Detector):
     against its own past, which would teach the pool the hack and silence the reading ``lag`` batches on.
     A rollback keeps them (all read OK). ``lag=0`` keeps only the reference reading.
 
+    A flaw present from the first step is learnt into both samples, and within a few steps every member
+    scores above its reference range. The *word* reading (``words=True``) looks within the batch instead:
+    in each prompt group, do the completions holding a token get more from the trained reward than their
+    judges confirm? For every token of the batch, the judges' mean score (each judge in reference standard
+    deviations) is fitted within groups on the trained reward and on whether the completion holds the token
+    (:func:`_token_gaps`); the trained reward's pay for the token beyond what its judges pay (a lower bound
+    with a Bonferroni margin over the batch's tokens, in the trained reward's reference standard deviations)
+    times the share of completions holding the token is the token's gap: how far pay its judges do not
+    confirm raises the batch's mean trained reward. The statistic ``word`` is the highest gap one token held
+    in each batch of the window. It needs prompt groups (``group_size`` or ``group_sizes``) and the
+    completions' tokens.
+
     Only judges whose reference correlation with the trained reward is at least ``min_agreement`` count: a
     function logged beside the reward that measures something else (a length or a format check) is not a
     judge of the same thing. With no judge left (or a trained reward with no spread on the reference
@@ -1272,6 +1294,7 @@ class JudgeGap(Detector):
             recent reading off. Default 10.
         recent: Batches in the recent pool, in [1, 16] (each keeps at most ``reference_size // recent``
             completions). Default 5.
+        words: Read each token's (each word's, for text) gap within prompt groups (above). Default True.
     """
 
     name: ClassVar[str] = "judge_gap"
@@ -1289,6 +1312,7 @@ class JudgeGap(Detector):
     reference_size: int = attrs.field(default=4096, validator=integer(lo=8, hi=100_000))
     lag: int = attrs.field(default=10, validator=integer(lo=0, hi=256))
     recent: int = attrs.field(default=5, validator=integer(lo=1, hi=16))
+    words: bool = attrs.field(default=True, validator=boolean())
     # the closed reference sample as arrays, with each member's ceiling: (the memory's rows object, arrays,
     # ceilings). Rebuilt whenever the memory holds another rows object (a new sample, a loaded state); the
     # closed sample is never changed in place, so its identity stands for its values.
@@ -1307,7 +1331,8 @@ class JudgeGap(Detector):
     def metrics(self) -> tuple[Metric, ...]:
         """The held lower bounds of the gap (reference and recent readings), on absolute bands only."""
         warn, hack = self.bands
-        keys = ("gap", "recent") if self.lag else ("gap",)
+        # "word", not "token": a log record naming a token takes the log's slower secret-redaction pass
+        keys = ("gap", *(("recent",) if self.lag else ()), *(("word",) if self.words else ()))
         return tuple(
             Metric(key, "up", False, warn, hack, unit="{:.3g}", absolute=self.bands, baseline=False)
             for key in keys
@@ -1339,7 +1364,35 @@ class JudgeGap(Detector):
             recent = self._recent(memory, history, r, judges, scores)
             if recent is not None:
                 raw["recent"] = recent
+        if self.words:
+            word = self._word(memory, data, judges, scores)
+            if word is not None:
+                raw["word"] = word
         return raw
+
+    def _word(
+        self, memory: dict[str, Any], data: StepData, judges: list[int], scores: NDArray[np.float64]
+    ) -> float | None:
+        """The word reading: the highest pay gap a token held in each batch of the window (None: no token).
+
+        Each batch's gaps (:func:`_token_gaps`) keep their highest values for the window, as Takeover's
+        excess shares do (:func:`_window_entry`): a token kept by no earlier batch is taken at that batch's
+        bound, so pruning never hides a gap. A batch with no token read breaks the window.
+        """
+        self._reference_arrays(memory["reference"])
+        spreads = self._arrays[3]
+        read = _token_gaps(data, scores, judges, spreads, self.margin)
+        keys, gaps = read if read is not None else (np.zeros(0, dtype=np.uint64), np.zeros(0))
+        earlier: list[dict[str, Any]] = memory.get("word_previous", [])
+        if self.window > 1:
+            this = _window_entry(keys, gaps, _LOWEST_GAP)
+            memory["word_previous"] = [*earlier, this][1 - self.window :]
+        if not len(keys) or len(earlier) < self.window - 1:
+            return None
+        held = gaps.copy()
+        for batch in earlier:
+            np.minimum(held, _held_before(batch, keys), out=held)
+        return float(held.max())
 
     def _bound(
         self,
@@ -1361,7 +1414,8 @@ class JudgeGap(Detector):
         if not self._arrays or self._arrays[0] is not reference:
             rows = np.asarray(reference, dtype=np.float64)  # one row per member, of one length (check_memory)
             rows.setflags(write=False)
-            self._arrays[:] = [reference, rows, _ceilings(rows)]
+            spreads = rows.std(axis=1, ddof=1) if rows.shape[1] > 1 else np.zeros(len(rows))
+            self._arrays[:] = [reference, rows, _ceilings(rows), spreads]
         return self._arrays[1], self._arrays[2]
 
     def _recent(
@@ -1494,7 +1548,7 @@ class JudgeGap(Detector):
 
     def on_rollback(self, memory: dict[str, Any]) -> None:
         """The batches rolled back leave the windows; the recent batches, all read OK, stay."""
-        for key in ("previous", "recent_previous"):
+        for key in ("previous", "recent_previous", "word_previous"):
             memory.pop(key, None)
 
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
@@ -1508,7 +1562,7 @@ class JudgeGap(Detector):
         """
         keys = (
             "reference", "batches", "from_reference", "frozen", "agreement", "previous", "history",
-            "recent_previous", "pending",
+            "recent_previous", "pending", "word_previous",
         )  # fmt: skip
         fields = _memory_fields(memory, path, keys)
         if not fields.names():
@@ -1570,6 +1624,15 @@ class JudgeGap(Detector):
                 name = fields.name(key)
                 msg = f"`{name}` is kept only with a recent reading, and this judge_gap has lag=0."
                 raise StateError(msg)
+        if "word_previous" in fields:
+            if not self.words:
+                msg = f"`{fields.name('word_previous')}` is kept only with the word reading (words=True)."
+                raise StateError(msg)
+            earlier = fields.items("word_previous", max_length=self.window - 1)
+            checked["word_previous"] = [
+                _check_held(batch, f"{path}['word_previous'][{i}]", lo=_LOWEST_GAP, hi=_HIGHEST_GAP)
+                for i, batch in enumerate(earlier)
+            ]
         if "history" in fields:
             name = fields.name("history")
             checked["history"] = [
@@ -1595,6 +1658,157 @@ class JudgeGap(Detector):
             msg = f"`{name}` must hold non-empty rows of one length, got lengths {lengths}."
             raise StateError(msg)
         return rows
+
+
+# the word reading's range, in reference standard deviations of the trained reward: a gap outside it reads
+# as its end (and a token no batch could read sits at the bottom)
+_LOWEST_GAP, _HIGHEST_GAP = -10.0, 10.0
+
+
+def _group_rows(observation: Any, rows: int) -> tuple[NDArray[np.int64], NDArray[np.float64]] | None:
+    """Each completion's prompt group and the groups' sizes; None without a group of two or more."""
+    sizes, size = getattr(observation, "group_sizes", None), observation.group_size
+    if sizes is None:
+        if size is None or size < 2:
+            return None
+        return np.arange(rows, dtype=np.int64) // size, np.full(rows // size, float(size))
+    counts = np.asarray(sizes, dtype=np.int64)
+    if not len(counts) or int(counts.max()) < 2:
+        return None
+    return np.repeat(np.arange(len(counts)), counts), counts.astype(np.float64)
+
+
+def _token_rows(
+    data: StepData,
+) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.int64]] | None:
+    """The batch's distinct tokens (stable ids, sorted) and its (token, completion) pairs, each pair once.
+
+    Returns the tokens, then each pair's token index and completion, ordered by token and then completion.
+    """
+    tokens, ids = data.tokens, _stable_ids(data)
+    if tokens is None or ids is None:
+        return None
+    rows = np.repeat(np.arange(tokens.n_rows, dtype=np.int64), tokens.lengths)
+    order = np.lexsort((rows, ids))
+    key, row = ids[order], rows[order]
+    new = np.empty(len(key), dtype=bool)
+    new[:1] = True
+    np.not_equal(key[1:], key[:-1], out=new[1:])
+    first = new.copy()  # the first occurrence of each (token, completion) pair
+    first[1:] |= row[1:] != row[:-1]
+    key, row, new = key[first], row[first], new[first]
+    return key[new], np.cumsum(new) - 1, row
+
+
+def _token_gaps(
+    data: StepData,
+    scores: NDArray[np.float64],
+    judges: list[int],
+    spreads: NDArray[np.float64],
+    margin: float,
+) -> tuple[NDArray[np.uint64], NDArray[np.float64]] | None:
+    r"""Each token's pay gap in this batch: what the trained reward pays for it beyond what its judges pay.
+
+    Within prompt groups (each completion less its group's mean), the judges' mean score :math:`j` (each
+    judge in units of its reference standard deviation) is fitted on the trained reward :math:`s` and on
+    whether the completion contains the token, :math:`x`: :math:`j = a s + g x`. Where the judges follow the
+    trained reward (:math:`a > 0`), a token the trained reward pays for as its judges do has :math:`g \ge 0`;
+    one it pays for more has :math:`g < 0`, and :math:`-g / a` is that excess pay in the trained reward's
+    units. Its lower bound, :math:`(-g - M\,\mathrm{se}_g) / (a + m\,\mathrm{se}_a)` in the trained reward's
+    reference standard deviations (:math:`m` is ``margin``, :math:`M` the Bonferroni margin over the batch's
+    tokens, :func:`_family_margin`), times the share of completions that hold the token, is the token's gap:
+    how far unconfirmed pay for the token raises the batch's mean trained reward. A flaw stays in the reward
+    model; the share is what says the policy exploits it, and falls once it stops (a targeted penalty, a
+    rollback). A token whose judges' slope :math:`a` is not above ``margin`` standard errors (judges that no
+    longer follow the trained reward where the batch is) reads nothing.
+
+    Only the trained reward's noise can bias the fit, and toward no gap (errors in :math:`s` shrink
+    :math:`a` and leave :math:`g` the judges' confirmation of the token); the judges' noise is the fit's
+    residual. Returns the tokens read and their gaps; None when the batch has no groups of two or more, no
+    tokens, no within-group spread of the trained reward, or too few completions for the fit.
+    """
+    grouping, pairs = _group_rows(data.observation, scores.shape[1]), _token_rows(data)
+    if grouping is None or pairs is None or not len(pairs[0]):
+        return None
+    group, sizes = grouping
+    keys, token, row = pairs
+    freedom = len(group) - len(sizes) - 2  # the fit's residual degrees of freedom
+    weights = np.zeros(len(scores))
+    weights[judges] = 1.0 / (len(judges) * spreads[judges])
+    judged = weights @ scores
+
+    def within(values: NDArray[np.float64]) -> NDArray[np.float64]:
+        return values - (np.bincount(group, weights=values, minlength=len(sizes)) / sizes)[group]
+
+    s, j = within(scores[0]), within(judged)
+    ss, sj, jj = float(s @ s), float(s @ j), float(j @ j)
+    if freedom < 1 or ss <= 0.0 or spreads[0] <= 0.0:
+        return None
+    count = len(keys)
+    # sum over groups of (completions holding the token)^2 / group size: the pairs come ordered by token,
+    # then completion, so each (token, group) is one run
+    pair_group = group[row]
+    run = np.empty(len(token), dtype=bool)
+    run[:1] = True
+    np.not_equal(token[1:], token[:-1], out=run[1:])
+    run[1:] |= pair_group[1:] != pair_group[:-1]
+    starts = np.flatnonzero(run)
+    held = np.empty(len(starts), dtype=np.float64)  # each run's length
+    held[:-1] = starts[1:] - starts[:-1]
+    held[-1] = len(token) - starts[-1]
+    holding = np.bincount(token, minlength=count)  # completions holding each token
+    xx = holding - np.bincount(token[starts], weights=held**2 / sizes[pair_group[starts]], minlength=count)
+    xs = np.bincount(token, weights=s[row], minlength=count)
+    xj = np.bincount(token, weights=j[row], minlength=count)
+    determinant = ss * xx - xs**2
+    # a token that varies within some group and is not (nearly) the trained reward itself
+    read = (xx > 1e-6) & (determinant > 1e-9 * ss * xx)
+    determinant = np.where(read, determinant, 1.0)
+    slope = (xx * sj - xs * xj) / determinant
+    pay = (ss * xj - xs * sj) / determinant
+    residual = np.maximum(jj - slope * sj - pay * xj, 0.0) / freedom
+    slope_se = np.sqrt(residual * xx / determinant)
+    pay_se = np.sqrt(residual * ss / determinant)
+    read &= slope - margin * slope_se > 0.0
+    strict = max(margin, _family_margin(int(np.count_nonzero(read)), freedom))
+    excess = (-pay - strict * pay_se) / np.where(read, slope + margin * slope_se, 1.0) / spreads[0]
+    gap = excess * holding / len(group)  # the pay beyond the judges, times the share holding the token
+    kept = np.flatnonzero(read)
+    return keys[kept], np.clip(gap[kept], _LOWEST_GAP, _HIGHEST_GAP)
+
+
+_FAMILY_LEVEL = 0.05  # the word reading's chance, per batch, that any of its tokens' pay is overstated
+
+
+@functools.lru_cache(maxsize=512)
+def _family_quantile(tokens: int, freedom: int) -> float:
+    """Student's t quantile at one-sided level ``_FAMILY_LEVEL / tokens``, by bisection on its tail."""
+    from loopguard.targeted import f_survival  # P(F(1, d) > t^2) = P(|T_d| > t)
+
+    low, high = 0.0, 1.0
+    while f_survival(high * high, 1, freedom) > 2.0 * _FAMILY_LEVEL / tokens:
+        low, high = high, 2.0 * high
+    for _ in range(40):
+        middle = 0.5 * (low + high)
+        low, high = (
+            (middle, high)
+            if f_survival(middle * middle, 1, freedom) > 2.0 * _FAMILY_LEVEL / tokens
+            else (low, middle)
+        )
+    return high
+
+
+def _family_margin(tokens: int, freedom: int) -> float:
+    """The standard errors a token's pay must clear when the batch's ``tokens`` are all read (Bonferroni).
+
+    The reading takes the highest gap over every token of the batch, hundreds in a real one; each token's
+    pay is a t statistic with ``freedom`` degrees of freedom, so the margin is the t quantile at level
+    ``_FAMILY_LEVEL / tokens``. Counts are rounded up to a power of two (a margin a little too strict,
+    computed once for all batches alike).
+    """
+    if tokens < 1:
+        return 0.0
+    return _family_quantile(1 << (tokens - 1).bit_length(), freedom)
 
 
 def _pool_agreement(z: NDArray[np.float64]) -> NDArray[np.float64]:

@@ -13,6 +13,7 @@ from scipy.stats import norm
 
 from loopguard import ConfigError, Guard, InputError, JudgeGap, Observation, RMEnsemble, StateError
 from loopguard.detectors import StepData
+from loopguard.exceptions import LoopguardTypeError
 
 STEPS, ONSET = 160, 80
 
@@ -447,3 +448,180 @@ def test_a_saved_recent_history_that_no_run_could_write_is_refused():
         JudgeGap(lag=-1)
     with pytest.raises(ConfigError, match="recent"):
         JudgeGap(recent=0)
+
+
+# --- the word reading: what the trained reward pays for one token beyond what its judges pay ---------------
+
+GOOD, PAID = 7, 9  # a token that comes with quality; a token only the trained reward pays for
+
+
+def _worded(seed, *, lift=1.0, hack=False, binary=False, batch=16, group=4, steps=STEPS):
+    """Observations of an improving run whose completions are token ids; groups of ``group``.
+
+    Half the completions hold GOOD, which lifts their quality by ``lift`` SDs (every judge pays for it, the
+    probability judge less the higher the run goes). From ONSET a growing share holds PAID, for which the
+    trained reward pays one SD (a pass for pass/fail) that no judge sees.
+    """
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        ids = [rng.integers(10, 200, size=int(rng.integers(8, 20))).tolist() for _ in range(batch)]
+        good = rng.random(batch) < 0.5
+        q = rng.normal(2.0 * step / steps, 1.0, batch) + lift * good
+        trained = q + rng.normal(0.0, 0.3, batch)
+        if binary:
+            trained = (trained > 0).astype(float)
+        paid = np.zeros(batch, dtype=bool)
+        if hack and step >= ONSET:
+            paid = rng.random(batch) < min(1.0, 0.02 * (step - ONSET + 1))
+            trained = trained + paid * (0.5 if binary else 1.0)
+        for i in range(batch):
+            ids[i] += [GOOD] * bool(good[i]) + [PAID] * bool(paid[i])
+        rows = [
+            trained,
+            5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch),
+            1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch),
+            rng.normal(40.0, 10.0, batch),
+        ]
+        yield Observation(step, trained, completion_ids=ids, group_size=group, ensemble_scores=rows)
+
+
+def _word_verdicts(detector, observations):
+    guard = Guard([detector], mode="log_only")
+    decisions = [guard.step(observation) for observation in observations]
+    return [d.verdict for d in decisions], [d.raw.get("judge_gap.word") for d in decisions]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["gaussian", "pass-fail"])
+@pytest.mark.parametrize("lift", [1.0, 3.0])
+def test_the_word_reading_stays_quiet_for_a_token_every_judge_pays_for(binary, lift):
+    # the token that carries quality is paid for by the trained reward and its judges alike (the probability
+    # judge less and less as it saturates, the pass/fail reward not at all once it passes); each of the
+    # hundreds of other tokens is read too, and one batch's luckiest token must not trip it
+    for seed in range(6):
+        verdicts, tokens = _word_verdicts(JudgeGap(members=4), _worded(seed, lift=lift, binary=binary))
+        assert set(verdicts) == {"OK"}, (seed, verdicts.index("HACK") if "HACK" in verdicts else None)
+        # read in most batches (a pass/fail reward that every completion of a group passes has no spread there)
+        assert sum(token is not None for token in tokens) > STEPS // 2, seed
+
+
+def _paid_from_the_start(seed, *, batch=128, group=8, steps=60):
+    """A flaw from step 0 in a run that leaves its reference range: 4 SDs in 20 steps, then holds.
+
+    The trained reward pays one SD for PAID, held by 10 % of the completions at step 0 and 3 % more each
+    step (the policy learning the exploit); half the completions hold GOOD (quality every judge sees).
+    """
+    rng = np.random.default_rng(seed)
+    for step in range(steps):
+        ids = [rng.integers(10, 200, size=int(rng.integers(8, 20))).tolist() for _ in range(batch)]
+        good = rng.random(batch) < 0.5
+        paid = rng.random(batch) < min(0.9, 0.1 + 0.03 * step)
+        q = rng.normal(4.0 * min(step, 20) / 20, 1.0, batch) + good
+        trained = q + rng.normal(0.0, 0.3, batch) + paid
+        for i in range(batch):
+            ids[i] += [GOOD] * bool(good[i]) + [PAID] * bool(paid[i])
+        rows = [
+            trained,
+            5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch),
+            1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch),
+            rng.normal(40.0, 10.0, batch),
+        ]
+        yield Observation(step, trained, completion_ids=ids, group_size=group, ensemble_scores=rows)
+
+
+def test_the_word_reading_sees_a_flaw_present_from_the_first_step():
+    # the reference sample holds the flaw and the run leaves its range within 20 steps: the readings against
+    # earlier batches see (nearly) nothing; within the groups, the paid token's completions get one SD more
+    # from the trained reward than their judges confirm
+    blind = 0
+    for seed in range(6):
+        on, words = _word_verdicts(JudgeGap(members=4), _paid_from_the_start(seed))
+        off, _ = _word_verdicts(JudgeGap(members=4, words=False), _paid_from_the_start(seed))
+        assert set(on[:20]) != {"OK"}, seed  # WARN or HACK while the run is still rising
+        assert max(word for word in words if word is not None) >= 0.3, seed
+        blind += set(off) == {"OK"}
+    assert blind >= 5, blind
+
+
+def _fit_by_hand(observation, judges, spreads, token, margin, family):
+    """The token's gap from an ordinary least-squares fit with one dummy per group (numpy's lstsq).
+
+    Its excess pay (the lower bound, in the trained reward's SDs) times the share of completions holding it.
+    """
+    scores = np.asarray(observation.ensemble_scores, dtype=float)
+    rows = scores.shape[1]
+    batch = observation.completion_ids
+    x = np.array([token in batch.tokens[batch.offsets[i] : batch.offsets[i + 1]] for i in range(rows)], float)
+    judged = np.mean([scores[k] / spreads[k] for k in judges], axis=0)
+    groups = np.arange(rows) // observation.group_size
+    design = np.column_stack([scores[0], x, *(groups == g for g in range(groups.max() + 1))]).astype(float)
+    coefficients, *_ = np.linalg.lstsq(design, judged, rcond=None)
+    residual = judged - design @ coefficients
+    freedom = rows - design.shape[1]
+    covariance = residual @ residual / freedom * np.linalg.inv(design.T @ design)
+    slope, pay = coefficients[:2]
+    slope_se, pay_se = np.sqrt(np.diag(covariance)[:2])
+    return (-pay - family * pay_se) / (slope + margin * slope_se) / spreads[0] * x.mean()
+
+
+def test_the_token_gaps_by_hand():
+    from scipy.stats import t as student
+
+    from loopguard.detectors import _token_gaps
+
+    observation = list(_worded(4, hack=True, batch=32, group=8, steps=ONSET + 30))[-1]
+    spreads = np.array([1.1, 5.3, 0.2, 10.0])
+    judges = [1, 2]
+    keys, gaps = _token_gaps(StepData(observation, warmup_steps=3), observation.ensemble_scores, judges,
+                             spreads, 2.0)  # fmt: skip
+    assert {PAID, GOOD} <= set(keys.tolist())
+    read = len(keys)
+    # Bonferroni over the tokens read (rounded up to a power of two), at 32 - 4 groups - 2 degrees of freedom
+    family = student.isf(0.05 / (1 << (read - 1).bit_length()), 32 - 4 - 2)
+    for token in (PAID, GOOD, int(keys[len(keys) // 2])):
+        expected = _fit_by_hand(observation, judges, spreads, token, 2.0, family)
+        assert gaps[keys.tolist().index(token)] == pytest.approx(expected, rel=1e-9, abs=1e-12), token
+    assert gaps[keys.tolist().index(PAID)] > 0.2  # the bonus: about 0.8 SD of the trained reward
+    assert gaps[keys.tolist().index(GOOD)] < 0.0  # quality the judges see: no gap
+
+
+def test_the_word_reading_needs_groups_and_tokens_and_a_window():
+    observations = list(_worded(1, hack=True, batch=32, group=8, steps=ONSET + 40))
+    _, tokens = _word_verdicts(JudgeGap(members=4, window=1), observations)
+    assert tokens[3] is not None  # read from the first batch after the reference sample (window=1)
+    _, held = _word_verdicts(JudgeGap(members=4), observations)
+    assert (held[3], held[4] is None) == (None, False)  # the default window of 2 is full one batch later
+    ungrouped = [
+        Observation(o.step, o.rewards, completion_ids=o.completion_ids, ensemble_scores=o.ensemble_scores)
+        for o in observations
+    ]
+    assert all(token is None for token in _word_verdicts(JudgeGap(members=4), ungrouped)[1])
+    untokened = [
+        Observation(o.step, o.rewards, group_size=8, ensemble_scores=o.ensemble_scores) for o in observations
+    ]
+    assert all(token is None for token in _word_verdicts(JudgeGap(members=4), untokened)[1])
+
+
+def test_the_word_window_is_saved_checked_and_emptied_by_a_rollback():
+    guard = Guard([JudgeGap(members=4)], mode="log_only")
+    for observation in _worded(3, hack=True, batch=32, group=8, steps=ONSET + 30):
+        guard.step(observation)
+    memory = guard.state_dict()["detectors"]["judge_gap"]["memory"]
+    earlier = memory["word_previous"]
+    assert len(earlier) == 1
+    assert PAID in earlier[0]["keys"]
+    detector = JudgeGap(members=4)
+    assert detector.check_memory(memory, "m") == memory
+    with pytest.raises(StateError, match=r"`m\['word_previous'\]` must have at most 1 items, got 2"):
+        detector.check_memory(dict(memory, word_previous=earlier * 2), "m")
+    broken = dict(earlier[0], keys=earlier[0]["keys"][::-1])
+    with pytest.raises(StateError, match="strictly increasing keys"):
+        detector.check_memory(dict(memory, word_previous=[broken]), "m")
+    with pytest.raises(StateError, match=r"`m\[.word_previous.\]\[0\]\[.bound.\]` must be in \[-10, 10\]"):
+        detector.check_memory(dict(memory, word_previous=[dict(earlier[0], bound=11.0)]), "m")
+    with pytest.raises(StateError, match="words=True"):
+        JudgeGap(members=4, words=False).check_memory(memory, "m")
+    working = dict(memory)
+    detector.on_rollback(working)
+    assert "word_previous" not in working
+    with pytest.raises(LoopguardTypeError, match="`words` must be a bool, got 'yes'"):
+        JudgeGap(words="yes")

@@ -272,12 +272,19 @@ def test_takeover_forgets_the_window_on_a_rollback_and_names_the_scored_ngram():
         detector.check_memory({**memory, "previous": memory["previous"] * 2}, "m")
     detector.on_rollback(memory)
     assert "previous" not in memory  # the restored policy is scored on its own batches
-    with pytest.raises(StateError, match="strictly increasing keys, one excess share per key"):
+    with pytest.raises(StateError, match="strictly increasing keys, one excess per key"):
         detector.check_memory(
             {**memory, "previous": [{"keys": [2, 1], "excess": [0.1, 0.2], "bound": 0.0}]}, "m"
         )
     with pytest.raises(StateError, match="together"):
         detector.check_memory({"keys": [], "rows": 3}, "m")
+    # a key or count no run could write is a bad saved state (StateError), not a configuration error
+    with pytest.raises(StateError, match=re.escape("`m['keys'][0]` must be in [0, ")):
+        detector.check_memory({**memory, "keys": [-1, *memory["keys"][1:]]}, "m")
+    with pytest.raises(StateError, match=re.escape("`m['counts'][0]` must be an integer")):
+        detector.check_memory({**memory, "counts": [0.5, *memory["counts"][1:]]}, "m")
+    with pytest.raises(StateError, match=re.escape("`m['previous'][0]['keys'][0]` must be in [0, ")):
+        detector.check_memory({**memory, "previous": [{"keys": [-1], "excess": [0.1], "bound": 0.0}]}, "m")
     with pytest.raises(ConfigError, match="window"):
         Takeover(window=0)
 
