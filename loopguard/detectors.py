@@ -1466,15 +1466,16 @@ class JudgeGap(Detector):
         gaps = expected - z[1:]
         # np.average's own arithmetic (weighted sum over the weights' sum), without its argument handling
         if weights is None:
-            per_sample = gaps.mean(axis=0)
+            per_sample = np.add.reduce(gaps, axis=0) / len(gaps)  # np.mean's arithmetic, without its overhead
         else:
             per_sample = (gaps * weights[:, None]).sum(axis=0) / weights.sum()
         count = len(per_sample)
-        if pooled is None:
-            spread = float(np.std(per_sample, ddof=1)) / math.sqrt(count)
-        else:
-            spread = float(np.std(per_sample, ddof=1)) * math.sqrt(1.0 / count + 1.0 / pooled)
-        return float(np.mean(per_sample)) - self.margin * spread
+        # np.mean and np.std(ddof=1)'s own arithmetic (the same floats), without their argument handling
+        mean = np.add.reduce(per_sample) / count
+        deviation = per_sample - mean
+        sd = math.sqrt(float(np.add.reduce(deviation * deviation)) / (count - 1))
+        spread = sd / math.sqrt(count) if pooled is None else sd * math.sqrt(1.0 / count + 1.0 / pooled)
+        return float(mean) - self.margin * spread
 
     def _held(self, memory: dict[str, Any], key: str, bound: float) -> float | None:
         """The lowest bound over the window, the newest included (None until the window is full)."""
@@ -1689,7 +1690,7 @@ def _token_rows(
     if tokens is None or ids is None:
         return None
     rows = np.repeat(np.arange(tokens.n_rows, dtype=np.int64), tokens.lengths)
-    order = np.lexsort((rows, ids))
+    order = np.argsort(ids, kind="stable")  # equal ids keep their positions' order: by completion
     key, row = ids[order], rows[order]
     new = np.empty(len(key), dtype=bool)
     new[:1] = True
@@ -1774,7 +1775,9 @@ def _token_gaps(
     excess = (-pay - strict * pay_se) / np.where(read, slope + margin * slope_se, 1.0) / spreads[0]
     gap = excess * holding / len(group)  # the pay beyond the judges, times the share holding the token
     kept = np.flatnonzero(read)
-    return keys[kept], np.clip(gap[kept], _LOWEST_GAP, _HIGHEST_GAP)
+    gap = gap[kept]
+    np.minimum(np.maximum(gap, _LOWEST_GAP, out=gap), _HIGHEST_GAP, out=gap)  # np.clip's checks cost more
+    return keys[kept], gap
 
 
 _FAMILY_LEVEL = 0.05  # the word reading's chance, per batch, that any of its tokens' pay is overstated
