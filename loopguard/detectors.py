@@ -475,19 +475,28 @@ def _document_counts(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArra
     rows = np.repeat(np.arange(tokens.n_rows, dtype=np.int64), lengths)
     position = np.arange(len(ids), dtype=np.int64) - np.repeat(tokens.offsets[:-1], lengths)
     valid = np.flatnonzero(position <= lengths[rows] - n)  # an n-gram of the same row starts here
-    key = _ngram_keys(ids, valid, n)
-    # one stable sort: equal keys keep the order of their positions, so each key's rows come in order and a
-    # completion counts an n-gram once where the row changes within the key's run
-    order = np.argsort(key, kind="stable")
-    ordered, row = key[order], rows[valid][order]
-    new = np.empty(len(ordered), dtype=bool)
-    new[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
-    first = new.copy()  # the first occurrence of each (n-gram, completion) pair
-    first[1:] |= row[1:] != row[:-1]
+    ordered, _, new, first = _by_key_then_row(_ngram_keys(ids, valid, n), rows[valid])
     keys = ordered[new]
     counts = np.bincount(np.cumsum(new)[first] - 1, minlength=len(keys)).astype(np.int64)
     return keys, counts
+
+
+def _by_key_then_row(
+    key: NDArray[np.uint64], rows: NDArray[np.int64]
+) -> tuple[NDArray[np.uint64], NDArray[np.int64], NDArray[np.bool_], NDArray[np.bool_]]:
+    """``key`` sorted with each entry's completion, and flags: a new key; a key's first entry in a completion.
+
+    One stable sort: equal keys keep the order of their positions (row-major), so each key's completions come
+    in order and a completion holds a key once where the completion changes within the key's run.
+    """
+    order = np.argsort(key, kind="stable")
+    ordered, row = key[order], rows[order]
+    new = np.empty(len(ordered), dtype=bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    first = new.copy()  # the first occurrence of each (key, completion) pair
+    first[1:] |= row[1:] != row[:-1]
+    return ordered, row, new, first
 
 
 def _counts_up_to(data: StepData, n: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]] | None:
@@ -1689,15 +1698,8 @@ def _token_rows(
     tokens, ids = data.tokens, _stable_ids(data)
     if tokens is None or ids is None:
         return None
-    rows = np.repeat(np.arange(tokens.n_rows, dtype=np.int64), tokens.lengths)
-    order = np.argsort(ids, kind="stable")  # equal ids keep their positions' order: by completion
-    key, row = ids[order], rows[order]
-    new = np.empty(len(key), dtype=bool)
-    new[:1] = True
-    np.not_equal(key[1:], key[:-1], out=new[1:])
-    first = new.copy()  # the first occurrence of each (token, completion) pair
-    first[1:] |= row[1:] != row[:-1]
-    key, row, new = key[first], row[first], new[first]
+    ordered, row, new, first = _by_key_then_row(ids, np.repeat(np.arange(tokens.n_rows), tokens.lengths))
+    key, row, new = ordered[first], row[first], new[first]
     return key[new], np.cumsum(new) - 1, row
 
 
