@@ -474,15 +474,24 @@ def _worded(seed, *, lift=1.0, hack=False, binary=False, batch=16, group=4, step
         if hack and step >= ONSET:
             paid = rng.random(batch) < min(1.0, 0.02 * (step - ONSET + 1))
             trained = trained + paid * (0.5 if binary else 1.0)
-        for i in range(batch):
-            ids[i] += [GOOD] * bool(good[i]) + [PAID] * bool(paid[i])
-        rows = [
-            trained,
-            5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch),
-            1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch),
-            rng.normal(40.0, 10.0, batch),
-        ]
-        yield Observation(step, trained, completion_ids=ids, group_size=group, ensemble_scores=rows)
+        yield _judged_words(rng, step, ids, q, trained, good, paid, group)
+
+
+def _judged_words(rng, step, ids, q, trained, good, paid, group):
+    """The step's observation: GOOD and PAID added to the completions that hold them, and the judges' scores.
+
+    The judges, as in ``_stream``: another scale, a probability, an unrelated logged function.
+    """
+    batch = len(ids)
+    for i in range(batch):
+        ids[i] += [GOOD] * bool(good[i]) + [PAID] * bool(paid[i])
+    rows = [
+        trained,
+        5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch),
+        1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch),
+        rng.normal(40.0, 10.0, batch),
+    ]
+    return Observation(step, trained, completion_ids=ids, group_size=group, ensemble_scores=rows)
 
 
 def _word_verdicts(detector, observations):
@@ -517,15 +526,7 @@ def _paid_from_the_start(seed, *, batch=128, group=8, steps=60):
         paid = rng.random(batch) < min(0.9, 0.1 + 0.03 * step)
         q = rng.normal(4.0 * min(step, 20) / 20, 1.0, batch) + good
         trained = q + rng.normal(0.0, 0.3, batch) + paid
-        for i in range(batch):
-            ids[i] += [GOOD] * bool(good[i]) + [PAID] * bool(paid[i])
-        rows = [
-            trained,
-            5.0 * q + 3.0 + rng.normal(0.0, 1.5, batch),
-            1.0 / (1.0 + np.exp(-q)) + rng.normal(0.0, 0.05, batch),
-            rng.normal(40.0, 10.0, batch),
-        ]
-        yield Observation(step, trained, completion_ids=ids, group_size=group, ensemble_scores=rows)
+        yield _judged_words(rng, step, ids, q, trained, good, paid, group)
 
 
 def test_the_word_reading_sees_a_flaw_present_from_the_first_step():
