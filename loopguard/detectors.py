@@ -1322,9 +1322,10 @@ class JudgeGap(Detector):
     lag: int = attrs.field(default=10, validator=integer(lo=0, hi=256))
     recent: int = attrs.field(default=5, validator=integer(lo=1, hi=16))
     words: bool = attrs.field(default=True, validator=boolean())
-    # the closed reference sample as arrays, with each member's ceiling: (the memory's rows object, arrays,
-    # ceilings). Rebuilt whenever the memory holds another rows object (a new sample, a loaded state); the
-    # closed sample is never changed in place, so its identity stands for its values.
+    # the closed reference sample as arrays, with each member's ceiling and standard deviation: (the memory's
+    # rows object, arrays, ceilings, standard deviations). Rebuilt whenever the memory holds another rows
+    # object (a new sample, a loaded state); the closed sample is never changed in place, so its identity
+    # stands for its values.
     _arrays: list[Any] = attrs.field(factory=list, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -1388,8 +1389,7 @@ class JudgeGap(Detector):
         excess shares do (:func:`_window_entry`): a token kept by no earlier batch is taken at that batch's
         bound, so pruning never hides a gap. A batch with no token read breaks the window.
         """
-        self._reference_arrays(memory["reference"])
-        spreads = self._arrays[3]
+        spreads = self._reference_arrays(memory["reference"])[2]
         read = _token_gaps(data, scores, judges, spreads, self.margin)
         keys, gaps = read if read is not None else (np.zeros(0, dtype=np.uint64), np.zeros(0))
         earlier: list[dict[str, Any]] = memory.get("word_previous", [])
@@ -1411,21 +1411,24 @@ class JudgeGap(Detector):
         scores: NDArray[np.float64],
     ) -> float:
         """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows."""
-        rows, ceilings = self._reference_arrays(reference)
+        rows, ceilings, _ = self._reference_arrays(reference)
         members = [0, *judges]
         z = _normal_score_rows(rows[members], scores[members])
         return self._lower_bound(z, r, ceilings[judges])
 
     def _reference_arrays(
         self, reference: list[list[float]]
-    ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """The closed sample's sorted rows as one array and each member's ceiling, built once per sample."""
+    ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64]]:
+        """The closed sample's sorted rows as one array, each member's ceiling and standard deviation.
+
+        Built once per sample.
+        """
         if not self._arrays or self._arrays[0] is not reference:
             rows = np.asarray(reference, dtype=np.float64)  # one row per member, of one length (check_memory)
             rows.setflags(write=False)
             spreads = rows.std(axis=1, ddof=1) if rows.shape[1] > 1 else np.zeros(len(rows))
             self._arrays[:] = [reference, rows, _ceilings(rows), spreads]
-        return self._arrays[1], self._arrays[2]
+        return self._arrays[1], self._arrays[2], self._arrays[3]
 
     def _recent(
         self,
