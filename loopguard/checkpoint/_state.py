@@ -11,13 +11,14 @@ sizes, RNG states on throwaway generators) and only then touches anything.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import math
 import random
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import numpy as np
@@ -86,17 +87,46 @@ def tensor_problem(tensor: object) -> str | None:
 
 def _plain_json(value: object, depth: int) -> bool:
     """Whether ``value`` is plainly valid for :func:`check_json` (exact types only; no paths built)."""
-    if value is None or type(value) is str or type(value) is int or type(value) is bool:
-        return True
-    if type(value) is float:
-        return math.isfinite(value)
-    if depth >= MAX_DEPTH:
-        return False
-    if type(value) is list:
-        return all(_plain_json(item, depth + 1) for item in value)
+    kind = type(value)
+    if kind is list or kind is dict:
+        return depth < MAX_DEPTH and _plain_container(value, depth)
+    if kind is float:
+        return math.isfinite(cast(float, value))
+    return value is None or kind is str or kind is int or kind is bool
+
+
+def _plain_container(value: object, depth: int) -> bool:
+    """:func:`_plain_json` of a list or dict, its leaves read by the interpreter's own loops where it can.
+
+    The bulk of a Guard's state is lists (and lists of lists) of floats, its samples: their item types are
+    read as one set, and their finiteness from their sum (finite exactly when every term is, unless the sum
+    overflows; then term by term).
+    """
+    items: Any = value
     if type(value) is dict:
-        return all(type(key) is str and _plain_json(item, depth + 1) for key, item in value.items())
-    return False
+        if value and set(map(type, value)) != {str}:
+            return False
+        items = value.values()
+    kinds = set(map(type, items))
+    if kinds == {list}:  # rows of a matrix: read as one list of their items, a level deeper
+        rows = list(itertools.chain.from_iterable(items))
+        return depth + 1 < MAX_DEPTH and _plain_container(rows, depth + 1)
+    if kinds <= _JSON_LEAVES:
+        if float not in kinds:
+            return True
+        floats = items if len(kinds) == 1 else [item for item in items if type(item) is float]
+        return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
+    for item in items:
+        kind = type(item)
+        if kind is list or kind is dict:
+            if depth + 1 >= MAX_DEPTH or not _plain_container(item, depth + 1):
+                return False
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind not in _JSON_LEAVES:
+            return False
+    return True
 
 
 def check_json(name: str, value: object, depth: int = 0) -> None:
@@ -201,8 +231,12 @@ def json_copy(value: Any) -> Any:
     """
     kind = type(value)
     if kind is dict:
+        if set(map(type, value.values())) <= _JSON_LEAVES:
+            return dict(value)
         return {key: item if type(item) in _JSON_LEAVES else json_copy(item) for key, item in value.items()}
     if kind is list:
+        if set(map(type, value)) <= _JSON_LEAVES:
+            return list(value)
         return [item if type(item) in _JSON_LEAVES else json_copy(item) for item in value]
     if kind in _JSON_LEAVES:
         return value
