@@ -48,7 +48,7 @@ import math
 import numbers
 import os
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
@@ -81,6 +81,7 @@ __all__ = [
     "check_same_length",
     "check_text",
     "describe",
+    "finite_floats",
     "import_extra",
     "integer",
     "is_bool",
@@ -265,6 +266,24 @@ def check_bool(name: str, value: object) -> bool:
         msg = f"`{name}` must be a bool, got {describe(value)} of type {type(value).__name__}."
         raise LoopguardTypeError(msg)
     return bool(value)
+
+
+def finite_floats(items: Iterable[object], kinds: Collection[type]) -> bool:
+    """Whether the floats among ``items`` (exact ``float``; ``kinds`` holds the items' types) are all finite.
+
+    Read in the interpreter's own loops, for the long rows of floats a Guard's state and log records carry:
+    their sum is finite exactly when every term is, unless finite terms overflow it (then term by term).
+    ``items`` is read more than once.
+
+    Example:
+        >>> finite_floats([1e308, 1e308, "a"], {float, str}), finite_floats([0.5, float("nan")], {float})
+        (True, False)
+    """
+    if float not in kinds:
+        return True
+    mixed = len(kinds) > 1
+    floats = cast("Iterable[float]", [item for item in items if type(item) is float] if mixed else items)
+    return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
 
 
 def check_text(

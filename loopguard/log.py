@@ -69,6 +69,7 @@ from loopguard._validation import (
     check_path,
     check_text,
     describe,
+    finite_floats,
     is_bool,
     name_string,
     one_of,
@@ -352,6 +353,9 @@ def _convert_signals(value: object) -> Mapping[str, float | None]:
     if len(value) > MAX_SIGNALS:
         msg = f"`signals` must have at most {MAX_SIGNALS} entries, got {len(value)}."
         raise ConfigError(msg)
+    kinds = set(map(type, value.values()))
+    if kinds <= _FLOAT_OR_NONE and finite_floats(value.values(), kinds) and _plain_names(value.keys()):
+        return types.MappingProxyType(dict(value))  # what a Guard's decision holds: names, finite floats
     result: dict[str, float | None] = {}
     for key, item in value.items():
         name = check_name("signals key", key)
@@ -362,12 +366,34 @@ def _convert_signals(value: object) -> Mapping[str, float | None]:
     return types.MappingProxyType(result)
 
 
+def _plain_names(keys: Any) -> bool:
+    """Whether every key passes :func:`check_name` (exact ``str``), read at once."""
+    if not keys:
+        return True
+    return (
+        set(map(type, keys)) == {str}
+        and all(keys)
+        and max(map(len, keys)) <= MAX_NAME_LENGTH
+        and "\x00" not in "".join(keys)
+    )
+
+
 def _plain_leaf(value: object) -> bool:
     """A leaf that :func:`_json_tree` keeps as it is: None, or a str, int or finite float (exact types)."""
     kind = type(value)
     if kind is float:
         return math.isfinite(cast(float, value))
     return value is None or kind is str or kind is int
+
+
+_PLAIN_LEAF_TYPES = frozenset((type(None), str, int, float))
+_FLOAT_OR_NONE = frozenset((float, type(None)))
+
+
+def _plain_leaves(items: Any) -> bool:
+    """Whether every item is a :func:`_plain_leaf` (a record's components and statistics, read at once)."""
+    kinds = set(map(type, items))
+    return kinds <= _PLAIN_LEAF_TYPES and finite_floats(items, kinds)
 
 
 def _json_tree(name: str, value: object, depth: int) -> Any:
@@ -385,6 +411,8 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
             msg = f"`{name}` must be nested at most {MAX_EXTRA_DEPTH} levels deep, got deeper."
             raise ConfigError(msg)
         if isinstance(value, Mapping):
+            if _plain_leaves(value.values()) and set(map(type, value)) <= {str}:
+                return dict(value)
             tree: dict[str, Any] = {}
             for key, item in value.items():
                 if not isinstance(key, str):
@@ -392,6 +420,8 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
                     raise LoopguardTypeError(msg)
                 tree[key] = item if _plain_leaf(item) else _json_tree(f"{name}[{key!r}]", item, depth + 1)
             return tree
+        if _plain_leaves(value):
+            return list(value)
         return [
             item if _plain_leaf(item) else _json_tree(f"{name}[{index}]", item, depth + 1)
             for index, item in enumerate(value)
@@ -590,8 +620,11 @@ class MitigationRecord:
 
             from loopguard.detectors import StepData
 
-            reward_mean = float(np.mean(observation.rewards))
-            reward_std = float(np.std(observation.rewards))
+            rewards = observation.rewards
+            # np.mean's and np.std's arithmetic (the same floats), without their argument handling
+            reward_mean = float(np.add.reduce(rewards)) / len(rewards)
+            deviation = rewards - reward_mean
+            reward_std = math.sqrt(float(np.add.reduce(deviation * deviation)) / len(rewards))
             lengths = StepData(observation, warmup_steps=1).lengths
             length_mean = None if lengths is None or not len(lengths) else float(np.mean(lengths))
         extra: dict[str, Any] = {}

@@ -8,6 +8,7 @@ import pickle
 import re
 import tempfile
 import warnings
+from collections.abc import Mapping
 
 import attrs
 import numpy as np
@@ -339,6 +340,103 @@ def test_non_finite_floats_become_null(log_path):
     assert '"signals":{"nan":null,"inf":null,"ninf":null,"np":null,"ok":0.5}' in line
     assert '"extra":{"x":null,"nested":[null,{"y":null}],"t":[1,2.5],"b":true}' in line
     json.loads(line, parse_constant=lambda token: pytest.fail(f"non-finite token {token}"))
+
+
+def _signals_rule(mapping):
+    """The signals' rule, written plainly: names checked, floats kept when finite, else None."""
+    result = {}
+    for key, value in mapping.items():
+        if type(key) is not str:
+            raise LoopguardTypeError(key)
+        if not key or "\x00" in key or len(key) > 64:
+            raise ConfigError(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float, np.floating))):
+            raise LoopguardTypeError(value)
+        result[key] = None if value is None or not math.isfinite(float(value)) else float(value)
+    return result
+
+
+def _extra_rule(value, depth=0):
+    """The extra's rule, written plainly: JSON types, tuples as lists, numpy scalars as Python, non-finite None."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if depth >= 8:
+        raise ConfigError(value)
+    if isinstance(value, dict):
+        if any(not isinstance(key, str) for key in value):
+            raise LoopguardTypeError(value)
+        return {key: _extra_rule(item, depth + 1) for key, item in value.items()}
+    return [_extra_rule(item, depth + 1) for item in value]
+
+
+_names = st.text(alphabet=st.characters(codec="ascii", exclude_characters="\x00"), min_size=1, max_size=3)
+_floats = st.one_of(st.floats(allow_nan=False), st.floats(), st.just(1e308))  # finite terms that overflow a sum
+_signal_values = st.one_of(_floats, _floats, st.none(), st.sampled_from([1, np.float32(0.5), True, "x"]))
+_signal_keys = st.one_of(_names, _names, _names, st.sampled_from(["", "a\x00", "n" * 65, "n" * 64, 3]))
+_extra_leaves = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.text(max_size=2), _floats, _floats,
+    st.sampled_from([np.float32(1.5), np.int64(2), np.bool_(False)]),
+)  # fmt: skip
+_extra_trees = st.recursive(
+    _extra_leaves,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(_names, _names, st.just(1)), inner, max_size=4),
+    ),
+    max_leaves=30,
+)
+
+
+def _same_or_raises_alike(rule, value, convert):
+    """``convert(value)`` gives what ``rule(value)`` gives (types of the leaves included), or its error."""
+    try:
+        want = rule(value)
+    except (ConfigError, LoopguardTypeError) as error:
+        with pytest.raises(type(error)):
+            convert(value)
+        return
+    got = convert(value)
+    assert got == want
+    assert repr(got) == repr(want)  # 1 is not 1.0, nor np.float32(1.5) 1.5
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(_signal_keys, _signal_values, max_size=8))
+def test_signals_are_converted_by_their_rule(signals):
+    """Whole rows of names and floats are taken at once; the record holds what the plain rule gives."""
+    _same_or_raises_alike(_signals_rule, signals, lambda value: dict(record(signals=value).signals))
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(_names, _extra_trees, max_size=4))
+def test_extra_is_converted_by_its_rule(extra):
+    _same_or_raises_alike(_extra_rule, extra, lambda value: _plain(record(extra=value).extra))
+
+
+def _plain(value):
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    return [_plain(item) for item in value] if isinstance(value, list) else value
+
+
+def test_batch_statistics_are_numpys():
+    """A record's reward mean and std are np.mean's and np.std's floats, bit for bit."""
+    from loopguard import Guard, Observation
+
+    rng = np.random.default_rng(3)
+    guard = Guard(mode="log_only")
+    for step in range(40):
+        rewards = rng.normal(rng.uniform(-1e3, 1e3), 10.0 ** rng.uniform(-6, 6), int(rng.integers(1, 300)))
+        observation = Observation(step, rewards)
+        rec = MitigationRecord.from_decision(guard.step(observation), mode="log_only", observation=observation)
+        assert (rec.reward_mean, rec.reward_std) == (float(np.mean(rewards)), float(np.std(rewards)))
 
 
 def test_from_json_dict_errors():

@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 import torch
 
-from loopguard._validation import describe
+from loopguard._validation import describe, finite_floats
 from loopguard.checkpoint._io import SAFETENSORS_DTYPES, CheckpointError
 from loopguard.exceptions import ConfigError, LoopguardTypeError
 
@@ -99,8 +99,7 @@ def _plain_container(value: object, depth: int) -> bool:
     """:func:`_plain_json` of a list or dict, its leaves read by the interpreter's own loops where it can.
 
     The bulk of a Guard's state is lists (and lists of lists) of floats, its samples: their item types are
-    read as one set, and their finiteness from their sum (finite exactly when every term is, unless the sum
-    overflows; then term by term).
+    read as one set, their finiteness by :func:`~loopguard._validation.finite_floats`.
     """
     items: Any = value
     if type(value) is dict:
@@ -112,10 +111,7 @@ def _plain_container(value: object, depth: int) -> bool:
         rows = list(itertools.chain.from_iterable(items))
         return depth + 1 < MAX_DEPTH and _plain_container(rows, depth + 1)
     if kinds <= _JSON_LEAVES:
-        if float not in kinds:
-            return True
-        floats = items if len(kinds) == 1 else [item for item in items if type(item) is float]
-        return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
+        return finite_floats(items, kinds)
     for item in items:
         kind = type(item)
         if kind is list or kind is dict:
