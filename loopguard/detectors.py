@@ -66,6 +66,7 @@ from loopguard._validation import (
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.signals._collapse import group_spread
 from loopguard.signals._drift import DriftReference
+from loopguard.signals._numeric import plain_mean, plain_std
 
 __all__ = [
     "HACK_LEVEL",
@@ -409,9 +410,10 @@ class Repetition(_NgramDetector):
         if data.tokens is None:
             return None
         rates = signals.ngram_repetition_rate(data.tokens, n=self.n, reduce="none")
+        rate = float(plain_mean(rates))
         if not self.against_baseline:
-            return {"rate": float(rates.mean())}
-        return {"rate": float(rates.mean()), "trapped": float((rates >= self.trap_rate).mean())}
+            return {"rate": rate}
+        return {"rate": rate, "trapped": int(np.count_nonzero(rates >= self.trap_rate)) / len(rates)}
 
 
 @attrs.frozen
@@ -909,7 +911,7 @@ class Collapse(Detector):
         if layout is None or (isinstance(layout, tuple) and max(layout, default=0) < 2):
             return None  # no group of two or more completions: nothing to measure this step
         stds, zero_std_groups = group_spread(obs.rewards, layout, ddof=0)
-        raw = {"group_std": float(np.mean(stds)), "zero_std_groups": zero_std_groups}
+        raw = {"group_std": float(plain_mean(stds)), "zero_std_groups": zero_std_groups}
         if obs.entropy is not None:
             raw["entropy"] = float(obs.entropy)
         return raw
@@ -949,7 +951,7 @@ class RewardDrift(Detector):
         rewards = data.observation.rewards
         reference = memory.setdefault("reference", [])
         exponent = int(np.frexp(float(np.max(np.abs(rewards))))[1]) if len(rewards) else 0
-        spread = float(np.ldexp(np.std(np.ldexp(rewards, -exponent)), exponent))  # scaled: cannot overflow
+        spread = float(np.ldexp(plain_std(np.ldexp(rewards, -exponent)), exponent))  # scaled: cannot overflow
         if not memory.get("frozen"):
             reference.extend(float(r) for r in rewards)
             del reference[: max(0, len(reference) - self.reference_size)]
@@ -1478,16 +1480,13 @@ class JudgeGap(Detector):
         gaps = expected - z[1:]
         # np.average's own arithmetic (weighted sum over the weights' sum), without its argument handling
         if weights is None:
-            per_sample = np.add.reduce(gaps, axis=0) / len(gaps)  # np.mean's arithmetic, without its overhead
+            per_sample = plain_mean(gaps, axis=0)
         else:
             per_sample = (gaps * weights[:, None]).sum(axis=0) / weights.sum()
         count = len(per_sample)
-        # np.mean and np.std(ddof=1)'s own arithmetic (the same floats), without their argument handling
-        mean = np.add.reduce(per_sample) / count
-        deviation = per_sample - mean
-        sd = math.sqrt(float(np.add.reduce(deviation * deviation)) / (count - 1))
+        sd = float(plain_std(per_sample, ddof=1))
         spread = sd / math.sqrt(count) if pooled is None else sd * math.sqrt(1.0 / count + 1.0 / pooled)
-        return float(mean) - self.margin * spread
+        return float(plain_mean(per_sample)) - self.margin * spread
 
     def _held(self, memory: dict[str, Any], key: str, bound: float) -> float | None:
         """The lowest bound over the window, the newest included (None until the window is full)."""

@@ -85,7 +85,7 @@ from loopguard.detectors import (
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.scoring import Smoother, Vote, as_smoother, as_vote
 from loopguard.signals import TokenBatch, as_token_batch, mann_kendall_z, robust_baseline, series_slope
-from loopguard.signals._numeric import short_median
+from loopguard.signals._numeric import plain_mean, plain_std, short_median
 from loopguard.targeted import PriceEvidence, Target, TargetedPenalty
 
 __all__ = ["Action", "Decision", "DecodedState", "Guard", "Mode", "Observation", "Verdict", "echo_guard"]
@@ -1633,7 +1633,7 @@ class Guard:
             size = len(rewards)
         if size < 2:
             return None
-        spread = float(np.mean(np.std(rewards.reshape(-1, size), axis=1, ddof=1)))
+        spread = float(plain_mean(plain_std(rewards.reshape(-1, size), axis=1, ddof=1)))
         return spread if spread > 0 else None
 
     # ----------------------------------------------------------------------------------- explanation

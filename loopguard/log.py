@@ -619,12 +619,10 @@ class MitigationRecord:
             import numpy as np  # here: reading a log (`loopguard report`) needs neither numpy nor the kernels
 
             from loopguard.detectors import StepData
+            from loopguard.signals._numeric import plain_mean, plain_std
 
-            rewards = observation.rewards
-            # np.mean's and np.std's arithmetic (the same floats), without their argument handling
-            reward_mean = float(np.add.reduce(rewards)) / len(rewards)
-            deviation = rewards - reward_mean
-            reward_std = math.sqrt(float(np.add.reduce(deviation * deviation)) / len(rewards))
+            reward_mean = float(plain_mean(observation.rewards))
+            reward_std = float(plain_std(observation.rewards))
             lengths = StepData(observation, warmup_steps=1).lengths
             length_mean = None if lengths is None or not len(lengths) else float(np.mean(lengths))
         extra: dict[str, Any] = {}

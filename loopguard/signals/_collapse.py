@@ -29,6 +29,7 @@ from loopguard._validation import (
     scalar_value,
 )
 from loopguard.exceptions import InputError
+from loopguard.signals._numeric import plain_std
 from loopguard.signals._trend import TrendMethod, series_slope
 
 __all__ = ["entropy_trend", "group_reward_std", "zero_std_group_fraction"]
@@ -105,7 +106,7 @@ def _group_std(groups: NDArray[np.float64], ddof: int) -> NDArray[np.float64]:
     exponents = np.frexp(np.max(np.abs(groups), axis=1))[1] - 1
     scaled = np.ldexp(groups, -exponents[:, np.newaxis])
     with np.errstate(over="ignore"):
-        std = np.ldexp(np.std(scaled, axis=1, ddof=ddof), exponents)
+        std = np.ldexp(plain_std(scaled, axis=1, ddof=ddof), exponents)
     std[_group_range(groups) == 0.0] = 0.0
     return np.asarray(std, dtype=np.float64)
 
@@ -252,7 +253,7 @@ def _zero_fraction(array: NDArray[np.float64], layout: int | NDArray[np.int64], 
     ranges = _per_group(array, layout, _group_range)
     if ranges.size == 0:
         return 0.0
-    return float(np.mean(ranges <= atol))
+    return int(np.count_nonzero(ranges <= atol)) / ranges.size
 
 
 def group_spread(

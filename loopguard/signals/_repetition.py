@@ -120,7 +120,9 @@ def _packed_keys(
     if n == 1:
         return key, 0
     ends = (offsets[1:, np.newaxis] - np.arange(1, n, dtype=np.int64)).ravel()
-    outside = np.unique(ends[(ends >= 0) & (ends < count)])  # an n-gram starting here leaves its row
+    leaves = np.zeros(count, dtype=bool)  # an n-gram starting here leaves its row (rows shorter than n
+    leaves[ends[(ends >= 0) & (ends < count)]] = True  # name a position more than once)
+    outside = np.flatnonzero(leaves)
     key[outside] = -1 - np.arange(len(outside), dtype=np.int64)
     return key, len(outside)
 
