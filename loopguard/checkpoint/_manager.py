@@ -1550,9 +1550,8 @@ def refuse_unsaveable(model: object) -> None:
     FSDP1 keeps its parameters and optimizer state flattened and sharded per rank. A DeepSpeed engine (whose
     partitions it saves itself) and a DTensor model are saved by their own engines.
     """
-    if _sharded.engine_of(model) is not None:
-        return
-    if _sharded.fsdp1_wrapped(model):
+    refused = _sharded.unsaveable(model)
+    if refused == "fsdp1":
         msg = (
             "`model` is wrapped in FSDP1 (FullyShardedDataParallel), whose optimizer state is flattened and "
             "sharded per rank: one process cannot save or restore it. Shard the policy with FSDP2 instead "
@@ -1560,7 +1559,7 @@ def refuse_unsaveable(model: object) -> None:
             "through torch.distributed.checkpoint), or give the Guard no rollback rung."
         )
         raise ConfigError(msg)
-    if _sharded.zero3_partitioned(model):
+    if refused == "zero3":
         msg = (
             "`model`'s parameters are partitioned by DeepSpeed ZeRO-3, so no process holds them: pass the "
             "DeepSpeed engine instead (the first value deepspeed.initialize returns; a Trainer's "

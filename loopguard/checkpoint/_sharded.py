@@ -35,6 +35,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -63,6 +64,7 @@ __all__ = [
     "load",
     "rng_names",
     "sharded_file",
+    "unsaveable",
     "verify_share",
     "zero3_partitioned",
 ]
@@ -81,14 +83,45 @@ _SHARED_FILES = frozenset({DCP_METADATA, "optimizer.pt", "scheduler.pt", "extra_
 
 def is_sharded(module: object) -> bool:
     """Whether ``module`` has a DTensor parameter (FSDP2, tensor parallel): its checkpoint is sharded."""
-    if not isinstance(module, torch.nn.Module) or not torch.distributed.is_available():
-        return False
+    return isinstance(module, torch.nn.Module) and _holds(_walk(module)[1], _dtensor_type())
+
+
+def _walk(module: torch.nn.Module) -> tuple[list[torch.nn.Module], list[torch.Tensor]]:
+    """``module`` and its submodules, and their parameters (a shared one may come twice), in one walk.
+
+    What decides how a module is checkpointed is read from these lists, once per check: a rollback store
+    checks its policy at every save, where walking the modules once per question cost more than the copy of
+    a small model.
+    """
+    modules = list(module.modules())
+    return modules, [p for child in modules for p in child._parameters.values() if p is not None]
+
+
+def _holds(objects: list[Any], kind: type | None) -> bool:
+    """Whether any of ``objects`` is a ``kind`` (its class or a subclass), read from their few types."""
+    return kind is not None and any(issubclass(found, kind) for found in set(map(type, objects)))
+
+
+@functools.cache
+def _dtensor_type() -> type | None:
+    if not torch.distributed.is_available():
+        return None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # torch < 2.5: no public DTensor, so no FSDP2 either
-        return False
+        return None
+    return DTensor
 
-    return any(isinstance(parameter, DTensor) for parameter in module.parameters())
+
+@functools.cache
+def _fsdp1_type() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:  # pragma: no cover - every torch that loopguard supports has it
+        return None
+    return FullyShardedDataParallel
 
 
 def is_deepspeed(model: object) -> bool:
@@ -103,18 +136,31 @@ def is_deepspeed(model: object) -> bool:
 
 def fsdp1_wrapped(module: object) -> bool:
     """Whether ``module`` is or holds an FSDP1 ``FullyShardedDataParallel`` wrapper (flat, sharded state)."""
-    if not isinstance(module, torch.nn.Module) or not torch.distributed.is_available():
-        return False
-    try:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-    except ImportError:  # pragma: no cover - every torch that loopguard supports has it
-        return False
-    return any(isinstance(child, FullyShardedDataParallel) for child in module.modules())
+    return isinstance(module, torch.nn.Module) and _holds(_walk(module)[0], _fsdp1_type())
 
 
 def zero3_partitioned(module: object) -> bool:
     """Whether ``module``'s parameters are partitioned by DeepSpeed ZeRO-3 (each carries a ``ds_id``)."""
-    return isinstance(module, torch.nn.Module) and any(hasattr(p, "ds_id") for p in module.parameters())
+    return isinstance(module, torch.nn.Module) and _partitioned(_walk(module)[1])
+
+
+def _partitioned(parameters: list[torch.Tensor]) -> bool:
+    return any(hasattr(parameter, "ds_id") for parameter in parameters)
+
+
+def unsaveable(model: object) -> str | None:
+    """Why one process cannot save ``model`` (``"fsdp1"``, ``"zero3"``), or None; one walk of its modules.
+
+    A DeepSpeed engine and a DTensor model are saved by their own engines (None).
+    """
+    if is_deepspeed(model) or not isinstance(model, torch.nn.Module):
+        return None
+    modules, parameters = _walk(model)
+    if _holds(parameters, _dtensor_type()):
+        return None
+    if _holds(modules, _fsdp1_type()):
+        return "fsdp1"
+    return "zero3" if _partitioned(parameters) else None
 
 
 def engine_of(model: object) -> str | None:
