@@ -67,6 +67,7 @@ from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError, St
 from loopguard.signals._collapse import group_spread
 from loopguard.signals._drift import DriftReference
 from loopguard.signals._numeric import plain_mean, plain_std
+from loopguard.signals._repetition import corpus_distinct, repetition_rates
 
 __all__ = [
     "HACK_LEVEL",
@@ -409,7 +410,7 @@ class Repetition(_NgramDetector):
         """Repetition statistics of the completions."""
         if data.tokens is None:
             return None
-        rates = signals.ngram_repetition_rate(data.tokens, n=self.n, reduce="none")
+        rates = repetition_rates(data.tokens, self.n)  # ngram_repetition_rate of the validated batch
         rate = float(plain_mean(rates))
         if not self.against_baseline:
             return {"rate": rate}
@@ -438,7 +439,7 @@ class Diversity(_NgramDetector):
         """Corpus distinct-n of the completions."""
         if data.tokens is None:
             return None
-        return {"distinct": signals.distinct_n(data.tokens, n=self.n, reduce="corpus")}
+        return {"distinct": corpus_distinct(data.tokens, self.n)}  # distinct_n(reduce="corpus"), validated
 
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # splitmix64 constants (Steele, Lea, Flood 2014)
@@ -1329,6 +1330,10 @@ class JudgeGap(Detector):
     # object (a new sample, a loaded state); the closed sample is never changed in place, so its identity
     # stands for its values.
     _arrays: list[Any] = attrs.field(factory=list, init=False, eq=False, repr=False)
+    # the recent pool's batches as arrays, by the identity of the memory's batch lists: {id: (list, array)}.
+    # A batch list stays whole while it is in the history (never changed in place), so its identity stands
+    # for its values; each step the pool moves by one batch, and only the new one is converted.
+    _batches: dict[int, tuple[Any, Any]] = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         """A trained reward and at least one judge; ordered bands."""
@@ -1447,9 +1452,9 @@ class JudgeGap(Detector):
         is a two-sample one.
         """
         members = [0, *judges]
-        batches = history[: self.recent]
+        batches = self._pool_arrays(history[: self.recent])
         # each member's scores over the pool, batch after batch (batches may differ in size)
-        rows = np.concatenate([np.asarray(batch, dtype=np.float64)[members] for batch in batches], axis=1)
+        rows = np.concatenate([batch[members] for batch in batches], axis=1)
         ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
         queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
         z = _normal_score_rows(ordered, queries)
@@ -1460,6 +1465,19 @@ class JudgeGap(Detector):
         ceilings = _ceilings(ordered[1:])
         bound = self._lower_bound(z[:, pooled:], agree, ceilings, weights=agree, pooled=pooled)
         return self._held(memory, "recent_previous", bound)
+
+    def _pool_arrays(self, batches: list[list[list[float]]]) -> list[NDArray[np.float64]]:
+        """The pool's batches as arrays, converted once each while they stay in the pool."""
+        kept = self._batches
+        arrays = {}
+        for batch in batches:
+            cached = kept.get(id(batch))
+            if cached is None or cached[0] is not batch:
+                cached = (batch, np.asarray(batch, dtype=np.float64))
+            arrays[id(batch)] = cached
+        kept.clear()
+        kept.update(arrays)
+        return [arrays[id(batch)][1] for batch in batches]
 
     def _lower_bound(
         self,
@@ -1824,14 +1842,14 @@ def _pool_agreement(z: NDArray[np.float64]) -> NDArray[np.float64]:
     At least 0; 0 for a member with no spread in the pool (all of them when the trained reward has none).
     """
     agreement = np.zeros(len(z) - 1, dtype=np.float64)
-    spread = np.ptp(z, axis=1)
+    spread = z.max(axis=1) - z.min(axis=1)  # np.ptp's arithmetic
     if spread[0] == 0.0:
         return agreement
-    centred = z - z.mean(axis=1, keepdims=True)
+    centred = z - plain_mean(z, axis=1)[:, np.newaxis]
     squares = np.einsum("ij,ij->i", centred, centred)
     moving = spread[1:] > 0.0
     correlation = (centred[1:] @ centred[0])[moving] / np.sqrt(squares[0] * squares[1:][moving])
-    agreement[moving] = np.clip(correlation, 0.0, 1.0)
+    agreement[moving] = np.minimum(np.maximum(correlation, 0.0), 1.0)  # np.clip's, without its checks
     return agreement
 
 

@@ -5,6 +5,7 @@ judges score ``q`` on their own scales, with their own noise. In a healthy run `
 improves); in a hacked one, the trained reward also pays a bonus that the judges do not see.
 """
 
+import json
 import math
 
 import numpy as np
@@ -63,6 +64,22 @@ def test_judge_gap_flags_a_bonus_the_judges_do_not_see():
     # once most of the batch is paid for what the judges do not see (the lower bound needs ~0.6 SD at B = 16)
     first = [_first_hack(JudgeGap(members=4), seed, hack=True, gain=1.0) for seed in range(6)]
     assert all(step is not None and ONSET <= step <= ONSET + 70 for step in first), first
+
+
+def test_the_arrays_kept_across_steps_never_go_stale():
+    # JudgeGap keeps its closed reference and the recent pool's batches as arrays, by the identity of the
+    # memory's lists; a Guard loaded afresh from the saved state at every step rebuilds them each time and
+    # must read the same numbers as the one that kept them
+    kept = Guard([JudgeGap(members=4)], mode="log_only")
+    readings = set()
+    for step, rewards, rows in _stream(3, hack=True, gain=1.0):
+        fresh = Guard([JudgeGap(members=4)], mode="log_only")
+        fresh.load_state_dict(json.loads(json.dumps(kept.state_dict())))
+        observation = Observation(step, rewards, ensemble_scores=rows)
+        first, second = kept.step(observation), fresh.step(observation)
+        assert first.to_dict() == second.to_dict(), step
+        readings.update(key for key in first.raw if key.startswith("judge_gap."))
+    assert {"judge_gap.gap", "judge_gap.recent"} <= readings
 
 
 def test_the_symmetric_disagreement_reads_a_saturating_judge_as_a_hack():

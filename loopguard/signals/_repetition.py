@@ -206,6 +206,17 @@ def _count_ngrams(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray
     return distinct, total, pooled
 
 
+def corpus_distinct(batch: TokenBatch, n: int) -> float:
+    """:func:`distinct_n` of a validated batch and ``n``, ``reduce="corpus"`` (1.0 without n-grams)."""
+    distinct, total = _ngram_counts(batch, n, per_row=False)
+    return float(distinct[0] / total[0]) if total[0] else 1.0
+
+
+def repetition_rates(batch: TokenBatch, n: int) -> NDArray[np.float64]:
+    """:func:`ngram_repetition_rate` of a validated batch and ``n``, ``reduce="none"``."""
+    return _per_row_fraction(batch, n, repeated=True)
+
+
 def _per_row_fraction(batch: TokenBatch, n: int, *, repeated: bool) -> NDArray[np.float64]:
     """Per-row share of repeated (``repeated=True``, 0.0 without n-grams) or distinct (1.0) n-grams."""
     distinct, total = _ngram_counts(batch, n, per_row=True)
@@ -273,8 +284,7 @@ def ngram_repetition_rate(
     """
     n = check_int("n", n, lo=1, hi=MAX_NGRAM_N)
     reduce = check_choice("reduce", reduce, ("mean", "none"))
-    batch = as_token_batch("sequences", sequences)
-    rates = _per_row_fraction(batch, n, repeated=True)
+    rates = repetition_rates(as_token_batch("sequences", sequences), n)
     if reduce == "none":
         return rates
     return float(rates.mean())
@@ -337,8 +347,7 @@ def distinct_n(sequences: object, n: int = 2, *, reduce: str = "corpus") -> floa
     reduce = check_choice("reduce", reduce, ("corpus", "mean", "none"))
     batch = as_token_batch("sequences", sequences)
     if reduce == "corpus":
-        distinct, total = _ngram_counts(batch, n, per_row=False)
-        return float(distinct[0] / total[0]) if total[0] else 1.0
+        return corpus_distinct(batch, n)
     fractions = _per_row_fraction(batch, n, repeated=False)
     if reduce == "none":
         return fractions
