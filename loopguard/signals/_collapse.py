@@ -103,12 +103,12 @@ def _group_std(groups: NDArray[np.float64], ddof: int) -> NDArray[np.float64]:
     near 1e-308) and the result equals :func:`numpy.std` wherever that did neither. Rows of identical
     values get exactly 0.0. A std beyond float64's range comes back as inf (the caller reports it).
     """
-    exponents = np.frexp(np.max(np.abs(groups), axis=1))[1] - 1
+    exponents = np.frexp(np.abs(groups).max(axis=1))[1] - 1
     scaled = np.ldexp(groups, -exponents[:, np.newaxis])
     with np.errstate(over="ignore"):
-        std = np.ldexp(plain_std(scaled, axis=1, ddof=ddof), exponents)
-    std[_group_range(groups) == 0.0] = 0.0
-    return np.asarray(std, dtype=np.float64)
+        std: NDArray[np.float64] = np.ldexp(plain_std(scaled, axis=1, ddof=ddof), exponents)
+    std[groups.max(axis=1) == groups.min(axis=1)] = 0.0  # no range (max - min is 0 only for equal values)
+    return std
 
 
 def group_reward_std(rewards: object, group_size: int | ArrayLike, *, ddof: int = 1) -> NDArray[np.float64]:

@@ -98,10 +98,17 @@ class TokenBatch:
         if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
             msg = f"`{name}` must hold token ids that fit in int64, got {int(array.max())}."
             raise InputError(msg)
-        tokens = array[keep].astype(np.int64, copy=False)  # row-major: each row's tokens, in order
+        tokens = np.ascontiguousarray(array[keep].astype(np.int64, copy=False))  # row-major: rows in order
+        lengths = keep.sum(axis=1, dtype=np.int64)
         offsets = np.zeros(array.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.count_nonzero(keep, axis=1), out=offsets[1:])
-        return as_token_batch(name, _owned(np.ascontiguousarray(tokens), offsets))
+        np.cumsum(lengths, out=offsets[1:])
+        batch = _owned(tokens, offsets)
+        if batch.frozen():  # what the checks below and the kernels read, known here: not scanned again
+            lengths.flags.writeable = False
+            batch._cache["lengths"] = lengths
+            if tokens.size:
+                batch._cache["token_range"] = (int(tokens.min()), int(tokens.max()))
+        return as_token_batch(name, batch)
 
     def __attrs_post_init__(self) -> None:
         """Reject a hand-built batch whose offsets do not describe its tokens."""

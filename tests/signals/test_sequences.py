@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from loopguard import InputError, LoopguardTypeError
 from loopguard.signals import TokenBatch, as_token_batch
+from loopguard.signals._sequences import token_range
 
 
 def _rows(batch: TokenBatch) -> list[list[int]]:
@@ -127,6 +128,13 @@ def test_a_padded_batch_and_its_mask_give_the_rows(rows, left, mask_type, pad):
         mask[i, start : start + len(row)] = 1
     batch = TokenBatch.from_padded(ids, mask)
     assert _rows(batch) == rows  # the pad id, even a negative one, is never read
+    # what from_padded hands the kernels ready-made is what they would compute
+    assert batch.frozen()
+    assert batch.lengths.tolist() == np.diff(batch.offsets).tolist()
+    assert not batch.lengths.flags.writeable
+    flat = [token for row in rows for token in row]
+    if flat:
+        assert token_range(batch) == (min(flat), max(flat))
     import torch
 
     assert _rows(TokenBatch.from_padded(torch.from_numpy(ids), torch.from_numpy(mask))) == rows
