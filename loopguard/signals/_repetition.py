@@ -120,8 +120,10 @@ def _packed_keys(
     if n == 1:
         return key, 0
     ends = (offsets[1:, np.newaxis] - np.arange(1, n, dtype=np.int64)).ravel()
-    leaves = np.zeros(count, dtype=bool)  # an n-gram starting here leaves its row (rows shorter than n
-    leaves[ends[(ends >= 0) & (ends < count)]] = True  # name a position more than once)
+    # the positions whose n-gram leaves its row, each once and in order (a row shorter than n names some
+    # twice): marked in a mask, which costs less than np.unique's sort
+    leaves = np.zeros(count, dtype=bool)
+    leaves[ends[(ends >= 0) & (ends < count)]] = True
     outside = np.flatnonzero(leaves)
     key[outside] = -1 - np.arange(len(outside), dtype=np.int64)
     return key, len(outside)
