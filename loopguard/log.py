@@ -353,8 +353,7 @@ def _convert_signals(value: object) -> Mapping[str, float | None]:
     if len(value) > MAX_SIGNALS:
         msg = f"`signals` must have at most {MAX_SIGNALS} entries, got {len(value)}."
         raise ConfigError(msg)
-    kinds = set(map(type, value.values()))
-    if kinds <= _FLOAT_OR_NONE and finite_floats(value.values(), kinds) and _plain_names(value.keys()):
+    if _plain_leaves(value.values(), _FLOAT_OR_NONE) and _plain_names(value.keys()):
         return types.MappingProxyType(dict(value))  # what a Guard's decision holds: names, finite floats
     result: dict[str, float | None] = {}
     for key, item in value.items():
@@ -386,14 +385,17 @@ def _plain_leaf(value: object) -> bool:
     return value is None or kind is str or kind is int
 
 
-_PLAIN_LEAF_TYPES = frozenset((type(None), str, int, float))
-_FLOAT_OR_NONE = frozenset((float, type(None)))
+_PLAIN_LEAF_TYPES: frozenset[type] = frozenset((type(None), str, int, float))
+_FLOAT_OR_NONE: frozenset[type] = frozenset((float, type(None)))
 
 
-def _plain_leaves(items: Any) -> bool:
-    """Whether every item is a :func:`_plain_leaf` (a record's components and statistics, read at once)."""
+def _plain_leaves(items: Any, allowed: frozenset[type] = _PLAIN_LEAF_TYPES) -> bool:
+    """Whether each item has an ``allowed`` type and each float is finite (default: a :func:`_plain_leaf`).
+
+    Read at once: a record's components, statistics and signals are rows of floats.
+    """
     kinds = set(map(type, items))
-    return kinds <= _PLAIN_LEAF_TYPES and finite_floats(items, kinds)
+    return kinds <= allowed and finite_floats(items, kinds)
 
 
 def _json_tree(name: str, value: object, depth: int) -> Any:
