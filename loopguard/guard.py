@@ -34,9 +34,10 @@ Example:
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import attrs
@@ -103,6 +104,7 @@ _PRESETS: dict[str, type[Any]] = {
 }
 _MAX_BETA_HISTORY = 100
 _MAX_NOTES = 10_000
+_TOKEN_TEXT_CHARS = 32  # a token's text quoted in an explanation is cut to this many characters
 _STATE_KEYS = (
     "version",
     "config",
@@ -560,6 +562,12 @@ class Guard:
             sizing the first raise of beta (:class:`~loopguard.control.BangBang`): ``1.0`` when the trainer
             normalises advantages (GRPO's default ``scale_rewards``; the TRL adapter sets this itself),
             ``None`` (default) to estimate it as the rewards' mean within-group standard deviation.
+        token_text: A callable giving a token id's text (``lambda i: tokenizer.decode([i])``), used only to
+            quote the tokens an explanation names (a targeted penalty's), after their ids. ``None``
+            (default) uses the trainer's tokenizer where an adapter knows it (the TRL adapter does), else
+            names tokens by id alone. A call that raises or returns something other than a string is
+            reported on every step it is needed (``RuntimeWarning`` and ``Decision.errors``, whatever
+            ``on_error``: the decision it words is already taken) and that token is named by its id.
         on_error: What a failure inside a detector does: ``"warn"`` (default: the detector is skipped for
             that step, a ``RuntimeWarning`` names the step and the error every time, and the failure is
             carried on ``Decision.errors``) or ``"raise"`` (the exception propagates: fatal).
@@ -589,6 +597,7 @@ class Guard:
         cusum: tuple[float, float] | None = (0.3, 1.2),
         drift_guard: bool = True,
         advantage_scale: float | None = None,
+        token_text: Callable[[int], object] | None = None,
         on_error: OnError = "warn",
     ) -> None:
         """Validate the configuration eagerly (see the class docstring)."""
@@ -616,6 +625,12 @@ class Guard:
         self.advantage_scale = None
         if advantage_scale is not None:
             self.advantage_scale = check_real("advantage_scale", advantage_scale, lo=0.0, lo_inclusive=False)
+        if token_text is not None and not callable(token_text):
+            wanted = "a callable from a token id to its text, or None"
+            msg = f"`token_text` must be {wanted}, got {describe(token_text)}."
+            raise LoopguardTypeError(msg)
+        self.token_text = token_text
+        self.trainer_token_text: Callable[[int], object] | None = None  # set by an adapter with a tokenizer
         anchored = [d.name for d in self.detectors if d.needs_reference]
         if anchored and not self.reference_steps:
             msg = (
@@ -1698,9 +1713,10 @@ class Guard:
         if ladder_out is not None and ladder_out.shape and self._penalty is not None:
             if action != "rollback":
                 parts.append(ladder_out.reason[:1].upper() + ladder_out.reason[1:] + ".")
+            names = self._token_names(reading, self._penalty.tokens)
             parts.append(
                 f"Targeted penalty on the trained reward (the Guard keeps reading the raw reward): "
-                f"{self._penalty.describe()}."
+                f"{self._penalty.describe(names)}."
             )
         if control_out is not None and (
             control_out.direction != "hold" or control_out.components.get("held_receding") == 1.0
@@ -1709,6 +1725,34 @@ class Guard:
         elif action == "none" and verdict != "OK" and self.mode == "log_only":
             parts.append("log_only: no action taken.")
         return " ".join(parts)
+
+    def _token_names(self, reading: _Reading, tokens: Sequence[int]) -> dict[int, str]:
+        """Each token's text, quoted, from ``token_text`` or the trainer's tokenizer; {} without either.
+
+        A call that fails is reported (a warning every time, and on the decision) and leaves that token to its
+        id: the decision this explains is already taken, and wording it never breaks the step.
+        """
+        decode = self.token_text if self.token_text is not None else self.trainer_token_text
+        names: dict[int, str] = {}
+        if decode is None:
+            return names
+        for token in tokens:
+            try:
+                text = decode(token)
+            except Exception as error:  # a user's decoder: report whatever it raises
+                problem = f"raised {type(error).__name__}: {error}"
+            else:
+                if isinstance(text, str):
+                    if len(text) > _TOKEN_TEXT_CHARS:
+                        text = text[: _TOKEN_TEXT_CHARS - 3] + "..."
+                    names[token] = json.dumps(text, ensure_ascii=False)
+                    continue
+                problem = f"must return a str, got {describe(text)}"
+            message = f"`token_text({token})` {problem}; the explanation names token {token} by its id"
+            reading.errors.append(message)
+            text = f"loopguard: step {reading.observation.step}: {message}."
+            warnings.warn(text, RuntimeWarning, stacklevel=5)
+        return names
 
     def _give_up(self, verdict: Verdict, ladder_out: LadderOutput | None, scores: dict[str, float]) -> str:
         if self.halt_on_hack and verdict == "HACK":

@@ -37,7 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -133,12 +133,20 @@ class Target:
         rates = ngram_repetition_rate(batch, int(self.n or 1), reduce="none")
         return np.asarray(rates, dtype=np.float64)
 
-    def describe(self) -> str:
-        """One plain-English phrase."""
+    def describe(self, names: Mapping[int, str] | None = None) -> str:
+        """One plain-English phrase; ``names`` gives a token's text (quoted after its id) where it has one.
+
+        Example:
+            >>> Target(kind="presence", token=303, rate=0.25, source="takeover").describe({303: '"zz"'})
+            'a completion holding token 303 "zz" costs 0.25 (from takeover)'
+        """
+        token = f"token {self.token}"
+        if names is not None and self.token is not None and self.token in names:
+            token += f" {names[self.token]}"
         if self.kind == "tokens":
-            what = f"token {self.token} costs {self.rate:.3g} per occurrence"
+            what = f"{token} costs {self.rate:.3g} per occurrence"
         elif self.kind == "presence":
-            what = f"a completion holding token {self.token} costs {self.rate:.3g}"
+            what = f"a completion holding {token} costs {self.rate:.3g}"
         elif self.kind == "length":
             what = f"each token past {self.threshold:.3g} costs {self.rate:.3g}"
         else:
@@ -210,9 +218,14 @@ class TargetedPenalty:
                 by_key[target.key] = attrs.evolve(old, rate=target.rate)
         return TargetedPenalty(tuple(by_key.values()))
 
-    def describe(self) -> str:
-        """The targets in plain English, ``; `` separated."""
-        return "; ".join(target.describe() for target in self.targets)
+    def describe(self, names: Mapping[int, str] | None = None) -> str:
+        """The targets in plain English, ``; `` separated (``names``: as :meth:`Target.describe`)."""
+        return "; ".join(target.describe(names) for target in self.targets)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """The token ids the targets charge, in order, each once."""
+        return tuple(dict.fromkeys(t.token for t in self.targets if t.token is not None))
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON (for the Guard's state and the mitigation log)."""

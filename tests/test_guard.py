@@ -550,6 +550,76 @@ def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resum
     assert resumed.penalty == guard.penalty
 
 
+def _shaped(guard):
+    """Feed ``guard`` the takeover run of the test above until the targeted penalty goes on: that decision
+    and the penalty."""
+    rng = np.random.default_rng(0)
+    for step in range(50):
+        share = 0.0 if step < 25 else min(0.85, 0.05 * (step - 24))
+        decision = guard.step(_takeover_batch(rng, step, share))
+        if decision.penalty is not None:
+            return decision, guard.penalty
+    raise AssertionError("the targeted penalty never went on")
+
+
+def _shaping_guard(**kwargs):
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=3, max_rollbacks=1, cooldown_steps=2)
+    return Guard(["repetition", "diversity", "takeover"], beta=0.01, ladder=ladder, **kwargs)
+
+
+TOKEN_WORDS = {98: "ninety-eight", 99: 'say "hi"\n'}
+
+
+def test_the_penalty_is_worded_with_each_tokens_text_when_a_decoder_is_given():
+    plain, penalty = _shaped(_shaping_guard())
+    worded, same = _shaped(_shaping_guard(token_text=TOKEN_WORDS.__getitem__))
+    assert same == penalty  # the words change the explanation, never the decision
+    tokens = sorted({t.token for t in penalty.targets if t.token is not None})
+    assert tokens == [98, 99]
+    for token in tokens:
+        assert f"token {token} costs" in plain.explanation
+        assert f"token {token} {json.dumps(TOKEN_WORDS[token])} costs" in worded.explanation
+    assert worded.explanation.count("\n") == 0  # quoted: a newline in a token's text stays on the line
+    assert not worded.errors
+
+
+def test_the_users_decoder_wins_over_the_trainers_and_long_texts_are_cut():
+    guard = _shaping_guard(token_text=lambda token: f"user{token}" * 20)
+    guard.trainer_token_text = TOKEN_WORDS.__getitem__
+    explanation = _shaped(guard)[0].explanation
+    cut = "user99" * 20
+    assert f'token 99 "{cut[:29]}..." costs' in explanation
+    assert "ninety-eight" not in explanation
+    trainers = _shaping_guard()
+    trainers.trainer_token_text = TOKEN_WORDS.__getitem__
+    assert 'token 98 "ninety-eight" costs' in _shaped(trainers)[0].explanation
+
+
+@pytest.mark.parametrize(
+    ("decoder", "problem"),
+    [
+        (lambda token: 1 / 0, lambda token: "raised ZeroDivisionError: division by zero"),
+        (lambda token: token.to_bytes(1, "big"), lambda token: f"must return a str, got b'{chr(token)}'"),
+    ],
+    ids=["raises", "not-a-string"],
+)
+def test_a_failing_decoder_is_reported_and_the_token_keeps_its_id(decoder, problem):
+    plain, penalty = _shaped(_shaping_guard())
+    with pytest.warns(RuntimeWarning) as caught:
+        worded, same = _shaped(_shaping_guard(token_text=decoder))
+    assert worded.explanation == plain.explanation  # each token named by its id, as without a decoder
+    assert same == penalty
+    for token in (98, 99):
+        message = f"`token_text({token})` {problem(token)}"
+        assert any(message in error for error in worded.errors)
+        assert any(message in str(w.message) and f"step {worded.step}" in str(w.message) for w in caught)
+
+
+def test_token_text_must_be_callable():
+    with pytest.raises(LoopguardTypeError, match=r"`token_text` must be a callable .*, or None, got 'abc'\."):
+        Guard(token_text="abc")
+
+
 @pytest.mark.parametrize("takeover", [Takeover(), Takeover(scored=False)], ids=["scored", "unscored"])
 def test_the_token_an_ensemble_trips_on_is_priced_though_takeover_stays_below_its_bands(takeover):
     """The proxy pays for 99, a second reward model does not: the ensemble trips while the suffix is in a

@@ -71,6 +71,7 @@ __all__ = [
     "SourceError",
     "TapSource",
     "choose_source",
+    "token_text",
     "tokenize",
 ]
 
@@ -184,6 +185,18 @@ def tokenize(processing_class: Any, texts: Sequence[str]) -> tuple[tuple[int, ..
     encoded = tokenizer(list(texts), add_special_tokens=False)
     ids = encoded["input_ids"] if not isinstance(encoded, list) else encoded
     return tuple(tuple(map(int, row)) for row in ids)
+
+
+def token_text(processing_class: Any) -> Callable[[int], object] | None:
+    """A token id's text with the trainer's tokenizer (``decode([id])``); None when it has no ``decode``.
+
+    The Guard quotes it after the ids its explanations name (``Guard(token_text=...)``).
+    """
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    decode = getattr(tokenizer, "decode", None)
+    if not callable(decode):
+        return None
+    return lambda token: decode([token])
 
 
 @attrs.frozen

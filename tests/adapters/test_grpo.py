@@ -491,6 +491,11 @@ def test_the_one_liner_prices_the_echo_penalises_it_and_rolls_back_with_a_re_anc
     penalty = mitigator.guard.penalty
     assert penalty is not None
     assert shaped["step"] < 15  # after shape_patience hacking steps, long before the rollback
+    # the explanation quotes each token it charges as the trainer's tokenizer writes it
+    charged = sorted({t.token for t in penalty.targets if t.token is not None})
+    assert charged
+    for token in charged:
+        assert f"token {token} {json.dumps(tokenizer.decode([token]), ensure_ascii=False)} " in shaped["explanation"]
     for record in records:
         if record["step"] > shaped["step"]:
             trained.append(
