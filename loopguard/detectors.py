@@ -140,6 +140,8 @@ class Metric:
             ``bad="up"``): the value scores 0.10 at ``warn`` and 0.30 at ``hack`` (at least), from the first
             step on, with no warm-up. None (default): no absolute band.
         baseline: Whether the statistic is also scored against the warm-up baseline (default True).
+        token: The key of the raw value holding the id of the token the statistic's value belongs to, or
+            None (default). The explanation quotes that token after the value (``Guard(token_text=...)``).
     """
 
     key: str = attrs.field(validator=attrs.validators.instance_of(str))
@@ -151,6 +153,9 @@ class Metric:
     domain: tuple[float | None, float | None] = (None, None)
     absolute: tuple[float, float] | None = None
     baseline: bool = True
+    token: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
 
     def __attrs_post_init__(self) -> None:
         """Check the band order."""
@@ -1283,8 +1288,8 @@ class JudgeGap(Detector):
     with a Bonferroni margin over the batch's tokens, in the trained reward's reference standard deviations)
     times the share of completions holding the token is the token's gap: how far pay its judges do not
     confirm raises the batch's mean trained reward. The statistic ``word`` is the highest gap one token held
-    in each batch of the window. It needs prompt groups (``group_size`` or ``group_sizes``) and the
-    completions' tokens.
+    in each batch of the window; given token ids, ``word_id`` is that token (the explanation quotes it). It
+    needs prompt groups (``group_size`` or ``group_sizes``) and the completions' tokens.
 
     Only judges whose reference correlation with the trained reward is at least ``min_agreement`` count: a
     function logged beside the reward that measures something else (a length or a format check) is not a
@@ -1351,7 +1356,17 @@ class JudgeGap(Detector):
         # "word", not "token": a log record naming a token takes the log's slower secret-redaction pass
         keys = ("gap", *(("recent",) if self.lag else ()), *(("word",) if self.words else ()))
         return tuple(
-            Metric(key, "up", False, warn, hack, unit="{:.3g}", absolute=self.bands, baseline=False)
+            Metric(
+                key,
+                "up",
+                False,
+                warn,
+                hack,
+                unit="{:.3g}",
+                absolute=self.bands,
+                baseline=False,
+                token="word_id" if key == "word" else None,
+            )
             for key in keys
         )
 
@@ -1384,13 +1399,17 @@ class JudgeGap(Detector):
         if self.words:
             word = self._word(memory, data, judges, scores)
             if word is not None:
-                raw["word"] = word
+                raw["word"] = word[0]
+                if data.observation.completion_ids is not None:  # a token id, not a hashed whitespace word
+                    raw["word_id"] = float(word[1])
         return raw
 
     def _word(
         self, memory: dict[str, Any], data: StepData, judges: list[int], scores: NDArray[np.float64]
-    ) -> float | None:
-        """The word reading: the highest pay gap a token held in each batch of the window (None: no token).
+    ) -> tuple[float, int] | None:
+        """The word reading: the highest pay gap a token held in each batch of the window, and its key.
+
+        None when this batch has no token read or the window is not yet full.
 
         Each batch's gaps (:func:`_token_gaps`) keep their highest values for the window, as Takeover's
         excess shares do (:func:`_window_entry`): a token kept by no earlier batch is taken at that batch's
@@ -1408,7 +1427,8 @@ class JudgeGap(Detector):
         held = gaps.copy()
         for batch in earlier:
             np.minimum(held, _held_before(batch, keys), out=held)
-        return float(held.max())
+        top = int(held.argmax())
+        return float(held[top]), int(keys[top])
 
     def _bound(
         self,

@@ -1653,22 +1653,25 @@ class Guard:
 
     # ----------------------------------------------------------------------------------- explanation
 
-    def _signal_phrases(
-        self, scores: dict[str, float], raw: dict[str, float], *, anchored: bool, limit: int = 3
-    ) -> list[str]:
-        phrases = []
-        for name, score in sorted(scores.items(), key=lambda item: -item[1])[:limit]:
+    def _signal_phrases(self, reading: _Reading, *, limit: int = 3) -> list[str]:
+        """The highest-scored signals and their statistics, each against its baseline or band."""
+        phrases, raw = [], reading.raw
+        for name, score in sorted(reading.scores.items(), key=lambda item: -item[1])[:limit]:
             if score < 0.05:
                 continue
             detector = next(d for d in self.detectors if d.name == name)
             baseline, label = self._memories[name].baseline, "baseline"
             if baseline is None:  # while warming up: the reference sample, once complete
-                baseline, label = (self._anchors(detector) if anchored else {}), "reference"
-            details = [
-                _detail(metric, raw[f"{name}.{metric.key}"], baseline.get(metric.key), label)
-                for metric in self._metrics[detector.name]
-                if f"{name}.{metric.key}" in raw and (metric.key in baseline or metric.absolute is not None)
-            ]
+                baseline = self._anchors(detector) if not reading.in_reference else {}
+                label = "reference"
+            details = []
+            for metric in self._metrics[detector.name]:
+                value = raw.get(f"{name}.{metric.key}")
+                if value is None or (metric.key not in baseline and metric.absolute is None):
+                    continue
+                held = None if metric.token is None else raw.get(f"{name}.{metric.token}")
+                whose = "" if held is None else self._token_phrase(reading, int(held))
+                details.append(_detail(metric, value, baseline.get(metric.key), label, whose))
             detail = f" ({'; '.join(details)})" if details else ""
             phrases.append(f"{name} {score:.2f}{detail}")
         return phrases
@@ -1684,8 +1687,8 @@ class Guard:
         level = {"HACK": self.hack_level, "WARN": self.warn_level}.get(verdict)
         head = f"step {reading.observation.step}: {verdict} (vote {reading.vote:.2f}"
         head += f" >= {level:.2f})" if level is not None else ")"
-        phrases = self._signal_phrases(reading.scores, reading.raw, anchored=not reading.in_reference)
-        parts = [head + (": " + ", ".join(phrases) if phrases and verdict != "OK" else "") + "."]
+        phrases = self._signal_phrases(reading) if verdict != "OK" else []
+        parts = [head + (": " + ", ".join(phrases) if phrases else "") + "."]
         if reading.trends:
             parts.append(
                 "The warm-up is not trusted as a baseline: "
@@ -1725,6 +1728,11 @@ class Guard:
         elif action == "none" and verdict != "OK" and self.mode == "log_only":
             parts.append("log_only: no action taken.")
         return " ".join(parts)
+
+    def _token_phrase(self, reading: _Reading, token: int) -> str:
+        """``token 303 "zz"``: the id, and its quoted text where the decoder gives one."""
+        text = self._token_names(reading, (token,)).get(token)
+        return f"token {token}" if text is None else f"token {token} {text}"
 
     def _token_names(self, reading: _Reading, tokens: Sequence[int]) -> dict[int, str]:
         """Each token's text, quoted, from ``token_text`` or the trainer's tokenizer; {} without either.
@@ -1863,14 +1871,20 @@ def echo_guard(
     )
 
 
-def _detail(metric: Any, value: float, baseline: list[float] | None, label: str = "baseline") -> str:
-    """``"rate 0.700 vs baseline 0.100"`` (or ``vs reference``), else against the absolute band."""
+def _detail(
+    metric: Any, value: float, baseline: list[float] | None, label: str = "baseline", whose: str = ""
+) -> str:
+    """``"rate 0.700 vs baseline 0.100"`` (or ``vs reference``), else against the absolute band.
+
+    ``whose`` names what the value belongs to (a token, ``token 303 "zz"``), in brackets after it.
+    """
+    shown = metric.unit.format(value) + (f" ({whose})" if whose else "")
     if baseline is not None:
-        return f"{metric.key} {metric.unit.format(value)} vs {label} {metric.unit.format(baseline[0])}"
+        return f"{metric.key} {shown} vs {label} {metric.unit.format(baseline[0])}"
     warn, hack = metric.absolute
     level = hack if value >= hack else warn
     relation = ">=" if value >= warn else "<"
-    return f"{metric.key} {metric.unit.format(value)} {relation} absolute band {metric.unit.format(level)}"
+    return f"{metric.key} {shown} {relation} absolute band {metric.unit.format(level)}"
 
 
 def _check_cusum(value: object) -> tuple[float, float]:

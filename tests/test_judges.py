@@ -560,6 +560,36 @@ def test_the_word_reading_sees_a_flaw_present_from_the_first_step():
     assert blind >= 5, blind
 
 
+def test_the_word_reading_names_the_token_that_holds_it():
+    guard = Guard([JudgeGap(members=4)], mode="log_only", token_text=lambda token: f"w{token}")
+    observations = list(_paid_from_the_start(0))
+    decisions = [guard.step(observation) for observation in observations]
+    tripped = [d for d in decisions if d.raw.get("judge_gap.word", 0.0) >= 0.4]
+    assert tripped
+    for decision in tripped:  # the paid token holds the reading, and the explanation quotes it
+        assert decision.raw["judge_gap.word_id"] == PAID
+        word = decision.raw["judge_gap.word"]
+        assert f'word {word:.3g} (token {PAID} "w{PAID}") >= absolute band 0.4' in decision.explanation
+    assert not any(d.errors for d in decisions)
+    # text completions: their words are hashed, not token ids, so no id is given and none is named
+    texts = Guard([JudgeGap(members=4)], mode="log_only")
+    for observation, by_id in zip(observations, decisions, strict=True):
+        batch = observation.completion_ids
+        words = [
+            " ".join(f"t{token}" for token in batch.tokens[a:b])
+            for a, b in zip(batch.offsets[:-1], batch.offsets[1:], strict=True)
+        ]
+        read = texts.step(
+            Observation(
+                observation.step, observation.rewards, completions=words, group_size=observation.group_size,
+                ensemble_scores=observation.ensemble_scores,
+            )
+        )  # fmt: skip
+        assert "judge_gap.word_id" not in read.raw
+        assert "(token " not in read.explanation
+        assert read.raw.get("judge_gap.word") == pytest.approx(by_id.raw.get("judge_gap.word"))  # same reading
+
+
 def _fit_by_hand(observation, judges, spreads, token, margin, family):
     """The token's gap from an ordinary least-squares fit with one dummy per group (numpy's lstsq).
 
