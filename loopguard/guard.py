@@ -563,11 +563,11 @@ class Guard:
             normalises advantages (GRPO's default ``scale_rewards``; the TRL adapter sets this itself),
             ``None`` (default) to estimate it as the rewards' mean within-group standard deviation.
         token_text: A callable giving a token id's text (``lambda i: tokenizer.decode([i])``), used only to
-            quote the tokens an explanation names (a targeted penalty's), after their ids. ``None``
-            (default) uses the trainer's tokenizer where an adapter knows it (the TRL adapter does), else
-            names tokens by id alone. A call that raises or returns something other than a string is
-            reported on every step it is needed (``RuntimeWarning`` and ``Decision.errors``, whatever
-            ``on_error``: the decision it words is already taken) and that token is named by its id.
+            quote the tokens an explanation names (a targeted penalty's, ``judge_gap``'s word), after their
+            ids. ``None`` (default) uses the trainer's tokenizer where an adapter knows it (the TRL adapter
+            does), else names tokens by id alone. A call that raises or returns something other than a
+            string is reported on every step it is needed (``RuntimeWarning`` and ``Decision.errors``,
+            whatever ``on_error``: the decision it words is already taken) and that token is named by its id.
         on_error: What a failure inside a detector does: ``"warn"`` (default: the detector is skipped for
             that step, a ``RuntimeWarning`` names the step and the error every time, and the failure is
             carried on ``Decision.errors``) or ``"raise"`` (the exception propagates: fatal).

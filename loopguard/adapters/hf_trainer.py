@@ -1028,7 +1028,8 @@ class RewardHackMitigator(_Observer):
         ladder = self.guard.ladder
         if self.guard.trainer_advantage_scale is None and _normalises_advantages(args):
             self.guard.trainer_advantage_scale = 1.0
-        # the explanations quote the tokens they name (a targeted penalty's) with the trainer's tokenizer
+        # the explanations quote the tokens they name (a targeted penalty's, the word reading's) as the
+        # trainer's tokenizer writes them
         self.guard.trainer_token_text = token_text(getattr(trainer, "processing_class", None))
         self._penalised = None
         if ladder is not None and ladder.targeted:
