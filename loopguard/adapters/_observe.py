@@ -44,14 +44,14 @@ import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import attrs
 import numpy as np
 from numpy.typing import NDArray
 
 from loopguard._reward_fn import real_or_none
-from loopguard._validation import to_numpy
+from loopguard._validation import finite_floats, to_numpy
 from loopguard.adapters._tap import TappedReward, TapRecord, completion_text, is_tapped, prompt_text
 from loopguard.exceptions import LoopguardError
 from loopguard.signals import TokenBatch
@@ -80,6 +80,16 @@ def _finite(value: object) -> float | None:
     if type(value) is float:  # the common case (TRL logs rewards and metrics as Python floats)
         return value if math.isfinite(value) else None
     return real_or_none(value, refuse=False)
+
+
+def _finite_row(values: Sequence[object]) -> tuple[float | None, ...]:
+    """Each of ``values`` as :func:`_finite` reads it; a row of finite Python floats (TRL's) at once.
+
+    ``values`` is read more than once.
+    """
+    if set(map(type, values)) == {float} and finite_floats(values, (float,)):
+        return tuple(cast("Sequence[float]", values))
+    return tuple(_finite(value) for value in values)
 
 
 def _first(*values: float | None) -> float | None:
@@ -170,7 +180,7 @@ class MetricCursor:
         last, count = self._seen.get(key, (None, 0))
         start = count if values is last and len(values) >= count else 0
         self._seen[key] = (values, len(values))
-        return [v for v in (_finite(item) for item in values[start:]) if v is not None]
+        return [v for v in _finite_row(values[start:]) if v is not None]
 
     def mean(self, key: str) -> float | None:
         """Mean of :meth:`new`, or None when nothing new."""
@@ -537,7 +547,7 @@ class GenerationSource:
                 count = "none" if values is None else len(values)
                 msg = f"reward function {name!r} logged {count} reward(s) for {size} completion(s)"
                 raise SourceError(msg)
-            columns[name] = tuple(_finite(value) for value in values)
+            columns[name] = _finite_row(values)
         ids, notes = self._captured_ids(size)
         return _Part(
             completions=completions,

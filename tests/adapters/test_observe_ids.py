@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
-from loopguard.adapters._observe import IdCapture, Padded, SourceError, _restore_truncated
+from loopguard.adapters._observe import (
+    IdCapture,
+    Padded,
+    SourceError,
+    _finite,
+    _finite_row,
+    _restore_truncated,
+)
 from loopguard.signals import TokenBatch
 
 
@@ -69,3 +78,26 @@ def test_the_capture_is_installed_once_and_reports_what_it_cannot_read():
         capture.error == "the generation step returned no 2-D completion_ids and completion_mask of one shape"
     )
     assert IdCapture.install(object()) is None  # nothing to wrap
+
+
+_LOGGED = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([1e308, -1e308, 0.0, -0.0]),  # finite terms whose sum overflows
+    st.integers(-5, 5),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=2),
+    st.builds(np.float64, st.floats(allow_nan=True, allow_infinity=True)),
+)
+
+
+@given(st.lists(_LOGGED, max_size=12))
+@example([1e308, 1e308, 5.0])
+@example([0.5, float("nan")])
+@example([1.0, float("-inf"), float("inf")])
+@settings(max_examples=300, deadline=None)
+def test_a_logged_row_reads_as_each_value_does(values):
+    """The whole-row reading of logged rewards and metrics gives what reading each value gives."""
+    row = _finite_row(values)
+    assert row == tuple(_finite(value) for value in values)
+    assert [type(v) for v in row] == [type(_finite(value)) for value in values]
