@@ -565,9 +565,10 @@ class Guard:
         token_text: A callable giving a token id's text (``lambda i: tokenizer.decode([i])``), used only to
             quote the tokens an explanation names (a targeted penalty's, ``judge_gap``'s word), after their
             ids. ``None`` (default) uses the trainer's tokenizer where an adapter knows it (the TRL adapter
-            does), else names tokens by id alone. A call that raises or returns something other than a
-            string is reported on every step it is needed (``RuntimeWarning`` and ``Decision.errors``,
-            whatever ``on_error``: the decision it words is already taken) and that token is named by its id.
+            does), else names tokens by id alone. It is tried on token 0 here: one that raises or returns
+            something other than a string is refused. A later call that fails is a failure like a
+            detector's (``on_error``): reported on every step it is needed (``RuntimeWarning`` and
+            ``Decision.errors``) with that token named by its id, or fatal with ``on_error="raise"``.
         on_error: What a failure inside a detector does: ``"warn"`` (default: the detector is skipped for
             that step, a ``RuntimeWarning`` names the step and the error every time, and the failure is
             carried on ``Decision.errors``) or ``"raise"`` (the exception propagates: fatal).
@@ -639,6 +640,11 @@ class Guard:
             )
             raise ConfigError(msg)
         self.on_error: OnError = check_choice("on_error", on_error, get_args(OnError))  # type: ignore[assignment]
+        if token_text is not None:  # a decoder that cannot decode at all is refused now, not at a hack
+            text, why = _decode(token_text, 0)
+            if text is None:
+                msg = f"`token_text` must give a token id's text as a str: `token_text(0)` {why}."
+                raise ConfigError(msg)
         self.base_beta = None if beta is None else _config_beta(beta)
 
         voters = [d for d in self.detectors if d.role != "guard"]
@@ -1737,29 +1743,25 @@ class Guard:
     def _token_names(self, reading: _Reading, tokens: Sequence[int]) -> dict[int, str]:
         """Each token's text, quoted, from ``token_text`` or the trainer's tokenizer; {} without either.
 
-        A call that fails is reported (a warning every time, and on the decision) and leaves that token to its
-        id: the decision this explains is already taken, and wording it never breaks the step.
+        A call that fails is a failure like a detector's: with ``on_error="warn"`` it is reported (a warning
+        every time, and on the decision) and leaves that token to its id; with ``"raise"`` it is fatal.
         """
         decode = self.token_text if self.token_text is not None else self.trainer_token_text
         names: dict[int, str] = {}
         if decode is None:
             return names
         for token in tokens:
-            try:
-                text = decode(token)
-            except Exception as error:  # a user's decoder: report whatever it raises
-                problem = f"raised {type(error).__name__}: {error}"
-            else:
-                if isinstance(text, str):
-                    if len(text) > _TOKEN_TEXT_CHARS:
-                        text = text[: _TOKEN_TEXT_CHARS - 3] + "..."
-                    names[token] = json.dumps(text, ensure_ascii=False)
-                    continue
-                problem = f"must return a str, got {describe(text)}"
-            message = f"`token_text({token})` {problem}; the explanation names token {token} by its id"
-            reading.errors.append(message)
-            text = f"loopguard: step {reading.observation.step}: {message}."
-            warnings.warn(text, RuntimeWarning, stacklevel=5)
+            text, why = _decode(decode, token)
+            if text is not None:
+                names[token] = json.dumps(
+                    text if len(text) <= _TOKEN_TEXT_CHARS else text[: _TOKEN_TEXT_CHARS - 3] + "...",
+                    ensure_ascii=False,
+                )
+                continue
+            message = f"`token_text({token})` {why} at step {reading.observation.step}"
+            if self.on_error == "raise":
+                raise InputError(message)
+            self._fail(reading, f"{message}; the explanation names token {token} by its id")
         return names
 
     def _give_up(self, verdict: Verdict, ladder_out: LadderOutput | None, scores: dict[str, float]) -> str:
@@ -1869,6 +1871,17 @@ def echo_guard(
     return Guard(
         [detector], mode="log_only", halt_on_hack=halt, smoothing="none", warmup_steps=3, on_error=on_error
     )
+
+
+def _decode(decode: Callable[[int], object], token: int) -> tuple[str | None, str]:
+    """``decode(token)`` as a str and ``""``; or None and what went wrong (a user's decoder: any error)."""
+    try:
+        text = decode(token)
+    except Exception as error:  # reported by the caller: refused at construction, else loud or fatal
+        return None, f"raised {type(error).__name__}: {error}"
+    if not isinstance(text, str):
+        return None, f"must return a str, got {describe(text)}"
+    return text, ""
 
 
 def _detail(

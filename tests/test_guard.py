@@ -567,7 +567,7 @@ def _shaping_guard(**kwargs):
     return Guard(["repetition", "diversity", "takeover"], beta=0.01, ladder=ladder, **kwargs)
 
 
-TOKEN_WORDS = {98: "ninety-eight", 99: 'say "hi"\n'}
+TOKEN_WORDS = {0: "pad", 98: "ninety-eight", 99: 'say "hi"\n'}
 
 
 def test_the_penalty_is_worded_with_each_tokens_text_when_a_decoder_is_given():
@@ -598,8 +598,11 @@ def test_the_users_decoder_wins_over_the_trainers_and_long_texts_are_cut():
 @pytest.mark.parametrize(
     ("decoder", "problem"),
     [
-        (lambda token: 1 / 0, lambda token: "raised ZeroDivisionError: division by zero"),
-        (lambda token: token.to_bytes(1, "big"), lambda token: f"must return a str, got b'{chr(token)}'"),
+        (lambda token: "pad" if token == 0 else 1 / 0, lambda token: "raised ZeroDivisionError: division by zero"),
+        (
+            lambda token: "pad" if token == 0 else token.to_bytes(1, "big"),
+            lambda token: f"must return a str, got b'{chr(token)}'",
+        ),
     ],
     ids=["raises", "not-a-string"],
 )
@@ -618,6 +621,22 @@ def test_a_failing_decoder_is_reported_and_the_token_keeps_its_id(decoder, probl
 def test_token_text_must_be_callable():
     with pytest.raises(LoopguardTypeError, match=r"`token_text` must be a callable .*, or None, got 'abc'\."):
         Guard(token_text="abc")
+
+
+@pytest.mark.parametrize(
+    ("decoder", "problem"),
+    [(lambda token: [token], "must return a str, got [0]"), ({}.__getitem__, "raised KeyError: 0")],
+    ids=["not-a-string", "raises"],
+)
+def test_a_decoder_that_cannot_decode_is_refused_at_construction(decoder, problem):
+    with pytest.raises(ConfigError, match=re.escape(f"`token_text` must give a token id's text as a str: `token_text(0)` {problem}.")):
+        Guard(token_text=decoder)
+
+
+def test_a_failing_decoder_is_fatal_with_on_error_raise():
+    guard = _shaping_guard(token_text=lambda token: "pad" if token == 0 else 1 / 0, on_error="raise")
+    with pytest.raises(InputError, match=r"`token_text\((98|99)\)` raised ZeroDivisionError: division by zero at step \d+"):
+        _shaped(guard)
 
 
 @pytest.mark.parametrize("takeover", [Takeover(), Takeover(scored=False)], ids=["scored", "unscored"])
