@@ -88,6 +88,7 @@ __all__ = [
     "name_string",
     "one_of",
     "path_string",
+    "plain_row",
     "real",
     "scalar_value",
     "to_numpy",
@@ -284,6 +285,20 @@ def finite_floats(items: Iterable[object], kinds: Collection[type]) -> bool:
     mixed = len(kinds) > 1
     floats = cast("Iterable[float]", [item for item in items if type(item) is float] if mixed else items)
     return math.isfinite(sum(floats)) or all(map(math.isfinite, floats))
+
+
+def plain_row(items: Iterable[object], allowed: Collection[type]) -> bool:
+    """Whether every item's exact type is in ``allowed`` and every float among them is finite.
+
+    Read at once (:func:`finite_floats`): the rows of floats of log records and logged rewards. ``items`` is
+    read more than once.
+
+    Example:
+        >>> plain_row([0.5, None, 1.0], {float, type(None)}), plain_row([0.5, True], {float})
+        (True, False)
+    """
+    kinds = set(map(type, items))
+    return kinds.issubset(allowed) and finite_floats(items, kinds)
 
 
 def check_text(

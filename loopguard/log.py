@@ -69,10 +69,10 @@ from loopguard._validation import (
     check_path,
     check_text,
     describe,
-    finite_floats,
     is_bool,
     name_string,
     one_of,
+    plain_row,
     real,
 )
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
@@ -394,8 +394,7 @@ def _plain_leaves(items: Any, allowed: frozenset[type] = _PLAIN_LEAF_TYPES) -> b
 
     Read at once: a record's components, statistics and signals are rows of floats.
     """
-    kinds = set(map(type, items))
-    return kinds <= allowed and finite_floats(items, kinds)
+    return plain_row(items, allowed)
 
 
 def _json_tree(name: str, value: object, depth: int) -> Any:

@@ -51,7 +51,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from loopguard._reward_fn import real_or_none
-from loopguard._validation import finite_floats, to_numpy
+from loopguard._validation import plain_row, to_numpy
 from loopguard.adapters._tap import TappedReward, TapRecord, completion_text, is_tapped, prompt_text
 from loopguard.exceptions import LoopguardError
 from loopguard.signals import TokenBatch
@@ -82,12 +82,15 @@ def _finite(value: object) -> float | None:
     return real_or_none(value, refuse=False)
 
 
+_FLOAT = frozenset((float,))
+
+
 def _finite_row(values: Sequence[object]) -> tuple[float | None, ...]:
     """Each of ``values`` as :func:`_finite` reads it; a row of finite Python floats (TRL's) at once.
 
     ``values`` is read more than once.
     """
-    if set(map(type, values)) == {float} and finite_floats(values, (float,)):
+    if plain_row(values, _FLOAT):
         return tuple(cast("Sequence[float]", values))
     return tuple(_finite(value) for value in values)
 
