@@ -300,6 +300,15 @@ class Detector:
         warning) must not become the evidence later steps are judged against.
         """
 
+    def reference_note(self, memory: dict[str, Any]) -> tuple[str, bool] | None:
+        """What the detector settled on its reference sample that the user should know, in words.
+
+        Returns None until there is something to say (and always, by default); then the text and whether
+        it leaves the detector reading nothing for the rest of the run. The Guard passes it on once, as a
+        note of that step's decision, and warns as well when the detector is left reading nothing.
+        """
+        return None
+
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Validate the detector's saved ``memory`` (from a state being loaded); return a fresh copy.
 
@@ -1086,6 +1095,31 @@ class RMEnsemble(Detector):
         if "mean" in memory:
             memory["frozen"] = True
 
+    def reference_note(self, memory: dict[str, Any]) -> tuple[str, bool] | None:
+        """With ``min_agreement``, once the reference moments are frozen: which members it leaves out."""
+        if self.min_agreement is None or not memory.get("frozen") or "co" not in memory:
+            return None
+        correlation = _correlations(memory)
+        names = _member_names(self.members, len(correlation))
+        left = [k for k in range(1, len(correlation)) if not correlation[k] >= self.min_agreement]  # NaN too
+        where = f"on the reference sample ({int(memory['rows'])} completions)"
+        level = f"min_agreement {self.min_agreement:g}"
+        if not left:
+            every = _listed([_agreement_text(names[k], correlation[k]) for k in range(1, len(correlation))])
+            return (
+                f"rm_ensemble: {where}, every member correlates with {names[0]} at {level} or more: {every}",
+                False,
+            )
+        listed = _listed([_agreement_text(names[k], correlation[k]) for k in left])
+        if len(left) == len(correlation) - 1:
+            text = (
+                f"rm_ensemble reads nothing in this run: {where}, no member correlates with {names[0]} at "
+                f"{level} or more ({listed}), and one member cannot disagree with itself"
+            )
+            return text, True
+        verb, be = ("correlates", "is") if len(left) == 1 else ("correlate", "are")
+        return f"rm_ensemble: {where}, {listed} {verb} with {names[0]} below {level} and {be} left out", False
+
     def check_memory(self, memory: object, path: str) -> dict[str, Any]:
         """Memory: the pooled reference moments, ``from_reference`` and ``frozen``.
 
@@ -1114,6 +1148,23 @@ def _member_count(members: int | tuple[str, ...] | None) -> int | None:
     if members is None:
         return None
     return len(members) if isinstance(members, tuple) else int(members)
+
+
+def _member_names(members: int | tuple[str, ...] | None, count: int) -> list[str]:
+    """The members' names for a note: the configured names, else ``member 0``, ``member 1``, ..."""
+    if isinstance(members, tuple) and len(members) == count:
+        return list(members)
+    return [f"member {index}" for index in range(count)]
+
+
+def _listed(items: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _agreement_text(name: str, value: float | None) -> str:
+    """A member's reference correlation with the first, for a note (``rm_b (0.49)``, ``rm_c (no spread)``)."""
+    return f"{name} (no spread)" if value is None or not math.isfinite(value) else f"{name} ({value:.2f})"
 
 
 _MOMENT_KEYS = ("rows", "batches", "mean", "m2", "co", "from_reference", "frozen")
@@ -1380,11 +1431,7 @@ class JudgeGap(Detector):
         if not closed:
             return {}
         agreement = memory["agreement"]
-        judges = [
-            k
-            for k in range(1, len(agreement))
-            if agreement[k] is not None and agreement[k] >= self.min_agreement
-        ]
+        judges = self._judges(agreement)
         if agreement[0] is None or not judges or scores.shape[1] < 2:
             return {}
         r = np.asarray([agreement[k] for k in judges], dtype=np.float64)
@@ -1403,6 +1450,14 @@ class JudgeGap(Detector):
                 if data.observation.completion_ids is not None:  # a token id, not a hashed whitespace word
                     raw["word_id"] = float(word[1])
         return raw
+
+    def _judges(self, agreement: Sequence[float | None]) -> list[int]:
+        """The members that count as judges: a reference agreement of at least ``min_agreement``."""
+        return [
+            k
+            for k in range(1, len(agreement))
+            if (value := agreement[k]) is not None and value >= self.min_agreement
+        ]
 
     def _word(
         self, memory: dict[str, Any], data: StepData, judges: list[int], scores: NDArray[np.float64]
@@ -1583,6 +1638,45 @@ class JudgeGap(Detector):
         """Close the reference sample (collected from the warm-up when there was no reference sample)."""
         if "reference" in memory and not memory.get("frozen"):
             self._freeze(memory)
+
+    def reference_note(self, memory: dict[str, Any]) -> tuple[str, bool] | None:
+        """Once the reference sample is closed: the judges that count, and those left out (their agreement).
+
+        Left reading nothing (no judge agrees, or the trained reward has no spread on the reference sample),
+        the note says so and how to change it.
+        """
+        agreement: list[float | None] | None = memory.get("agreement")
+        if not memory.get("frozen") or agreement is None:
+            return None
+        names = _member_names(self.members, len(agreement))
+        trained, rows = names[0], memory.get("reference") or [[]]
+        where = f"on the reference sample ({len(rows[0])} completions)"
+        if agreement[0] is None:
+            text = (
+                f"judge_gap reads nothing in this run: {trained}, the trained reward, has no spread {where}, "
+                "so no judge can be compared with it"
+            )
+            return text, True
+        level = f"min_agreement {self.min_agreement:g}"
+        counted = self._judges(agreement)
+        left = [_agreement_text(names[k], agreement[k]) for k in range(1, len(agreement)) if k not in counted]
+        judges = _listed([_agreement_text(names[k], agreement[k]) for k in counted]) if counted else ""
+        if not counted:
+            text = (
+                f"judge_gap reads nothing in this run: {where}, no judge correlates with {trained} (the "
+                f"trained reward) at {level} or more: {_listed(left)}. If they judge what {trained} "
+                "measures, lower JudgeGap(min_agreement=...)"
+            )
+            return text, True
+        if not left:
+            every = f"every judge correlates with {trained} at {level} or more"
+            return f"judge_gap: {where}, {every}: {judges}", False
+        verb, be = ("correlates", "is") if len(left) == 1 else ("correlate", "are")
+        text = (
+            f"judge_gap: {where}, {trained} is judged by {judges}; {_listed(left)} {verb} with it below "
+            f"{level} and {be} left out"
+        )
+        return text, False
 
     def on_verdict(self, memory: dict[str, Any], healthy: bool) -> None:
         """Keep this step's batch among the recent batches only when the step read OK.

@@ -604,6 +604,10 @@ class Guard:
         """Validate the configuration eagerly (see the class docstring)."""
         self.detectors: tuple[Detector, ...] = as_detectors(signals)
         self._metrics = {d.name: d.metrics() for d in self.detectors}  # frozen configs: built once
+        # the detectors with something to say about their reference sample (Detector.reference_note)
+        self._noting = tuple(
+            d for d in self.detectors if type(d).reference_note is not Detector.reference_note
+        )
         self.halt_on_hack = check_bool("halt_on_hack", halt_on_hack)
         self.smoothing: Smoother = as_smoother(smoothing)
         self.vote: Vote = as_vote(vote)
@@ -1163,6 +1167,26 @@ class Guard:
             self._fail(reading, message)
         return {key: value for key, value in raw.items() if key not in bad}
 
+    def _reference_note(self, detector: Detector, reading: _Reading) -> None:
+        """Pass on, once, what ``detector`` settled on its reference sample; warn when it reads nothing."""
+        key = f"reference:{detector.name}"
+        if key in self._said:
+            return
+        try:
+            note = detector.reference_note(self._memories[detector.name].memory)
+        except Exception as error:  # the failure policy: loud every time, fatal with on_error="raise"
+            if self.on_error == "raise":
+                raise
+            what = f"{type(error).__name__}: {error}"
+            self._fail(reading, f"signal {detector.name!r} could not describe its reference sample: {what}")
+            return
+        if note is None:
+            return
+        text, off = note
+        self._note_once(key, text, reading.notes)
+        if off:
+            warnings.warn(f"loopguard: {text}", RuntimeWarning, stacklevel=3)
+
     def _fail(self, reading: _Reading, message: str) -> None:
         """A part of the Guard failed this step: warn (every time) and carry it on the decision."""
         reading.errors.append(message)
@@ -1426,6 +1450,8 @@ class Guard:
         if self._seen == self.warmup_steps:
             for detector in self.detectors:
                 detector.on_warmup_end(self._memories[detector.name].memory)
+        for detector in self._noting:
+            self._reference_note(detector, reading)
 
         previous_vote = self._vote
         vote = self._combine({k: v for k, v in reading.scores.items() if self._role(k) != "guard"})

@@ -7,7 +7,9 @@ improves); in a hacked one, the trained reward also pays a bonus that the judges
 
 import json
 import math
+import warnings
 
+import attrs
 import numpy as np
 import pytest
 from scipy.stats import norm
@@ -673,3 +675,137 @@ def test_the_word_window_is_saved_checked_and_emptied_by_a_rollback():
     assert "word_previous" not in working
     with pytest.raises(LoopguardTypeError, match="`words` must be a bool, got 'yes'"):
         JudgeGap(words="yes")
+
+
+def _noted(guard, observations):
+    """Each (step, note) of the run's decisions, and the texts of the RuntimeWarnings it raised."""
+    notes = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for observation in observations:
+            notes += [(observation.step, note) for note in guard.step(observation).notes]
+    return notes, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def _agreements(rows):
+    """Each member's correlation with the first on the normal scores of the pooled reference rows (by hand)."""
+    z = [_normal_scores_by_hand(row, row) for row in rows]
+    return [np.corrcoef(z[0], z[k])[0, 1] for k in range(len(rows))]
+
+
+def test_the_guard_says_once_which_judges_count_and_which_are_left_out():
+    names = ("rm", "linear", "logistic", "unrelated")
+    stream = list(_stream(0, gain=1.0))
+    observations = [Observation(step, rewards, ensemble_scores=rows) for step, rewards, rows in stream[:12]]
+    notes, warned = _noted(Guard([JudgeGap(members=names)], mode="log_only"), observations)
+
+    r = _agreements(np.concatenate([np.array(rows) for _, _, rows in stream[:3]], axis=1))  # 3 reference steps
+    assert min(r[1], r[2]) >= 0.5 > r[3], r
+    assert notes == [
+        (
+            3,  # the first step after the reference sample, which closes it
+            f"judge_gap: on the reference sample (48 completions), rm is judged by linear ({r[1]:.2f}) and "
+            f"logistic ({r[2]:.2f}); unrelated ({r[3]:.2f}) correlates with it below min_agreement 0.5 and is "
+            "left out",
+        )
+    ]
+    assert warned == []  # judges remain: nothing to warn about
+
+
+def test_every_judge_counting_is_said_too_and_members_without_names_are_numbered():
+    stream = list(_stream(1, judges=("linear", "logistic")))
+    observations = [Observation(step, rewards, ensemble_scores=rows) for step, rewards, rows in stream[:6]]
+    notes, warned = _noted(Guard([JudgeGap(members=3)], mode="log_only"), observations)
+    r = _agreements(np.concatenate([np.array(rows) for _, _, rows in stream[:3]], axis=1))
+    expected = (
+        "judge_gap: on the reference sample (48 completions), every judge correlates with member 0 at "
+        f"min_agreement 0.5 or more: member 1 ({r[1]:.2f}) and member 2 ({r[2]:.2f})"
+    )
+    assert notes == [(3, expected)]
+    assert warned == []
+
+
+def test_a_judge_gap_left_with_no_judge_warns_once_and_says_how_to_change_it():
+    stream = list(_stream(2, judges=("unrelated", "unrelated"), hack=True))
+    observations = [Observation(step, rewards, ensemble_scores=rows) for step, rewards, rows in stream]
+    guard = Guard([JudgeGap(members=("rm", "length", "format"))], mode="log_only")
+    notes, warned = _noted(guard, observations)
+    r = _agreements(np.concatenate([np.array(rows) for _, _, rows in stream[:3]], axis=1))
+    text = (
+        "judge_gap reads nothing in this run: on the reference sample (48 completions), no judge correlates "
+        f"with rm (the trained reward) at min_agreement 0.5 or more: length ({r[1]:.2f}) and format "
+        f"({r[2]:.2f}). If they judge what rm measures, lower JudgeGap(min_agreement=...)"
+    )
+    assert notes == [(3, text)]
+    assert warned == [f"loopguard: {text}"]  # once, though the run goes on for 160 steps (and is hacked)
+
+    flat = [Observation(step, [1.0] * 8, ensemble_scores=[[1.0] * 8, list(range(8))]) for step in range(5)]
+    notes, warned = _noted(Guard([JudgeGap(members=2)], mode="log_only"), flat)
+    text = (
+        "judge_gap reads nothing in this run: member 0, the trained reward, has no spread on the reference "
+        "sample (24 completions), so no judge can be compared with it"
+    )
+    assert notes == [(3, text)]
+    assert warned == [f"loopguard: {text}"]
+
+
+def test_rm_ensemble_says_which_members_min_agreement_left_out():
+    stream = list(_stream(3, judges=("linear", "unrelated")))
+    observations = [Observation(step, rewards, ensemble_scores=rows) for step, rewards, rows in stream[:6]]
+    ensemble = RMEnsemble(members=("rm", "linear", "unrelated"), standardize=True, min_agreement=0.5)
+    notes, warned = _noted(Guard([ensemble], mode="log_only"), observations)
+    pooled = np.concatenate([np.array(rows) for _, _, rows in stream[:3]], axis=1)
+    r = np.corrcoef(pooled)[0]  # Pearson, on the pooled moments
+    assert r[1] >= 0.5 > r[2], r
+    expected = (
+        f"rm_ensemble: on the reference sample (48 completions), unrelated ({r[2]:.2f}) correlates with rm "
+        "below min_agreement 0.5 and is left out"
+    )
+    assert notes == [(3, expected)]
+    assert warned == []
+
+    lone = RMEnsemble(members=("rm", "unrelated"), min_agreement=0.5)
+    observations = [
+        Observation(step, rewards, ensemble_scores=[rows[0], rows[2]]) for step, rewards, rows in stream[:6]
+    ]
+    notes, warned = _noted(Guard([lone], mode="log_only"), observations)
+    text = (
+        f"rm_ensemble reads nothing in this run: on the reference sample (48 completions), no member "
+        f"correlates with rm at min_agreement 0.5 or more (unrelated ({r[2]:.2f})), and one member cannot "
+        "disagree with itself"
+    )
+    assert notes == [(3, text)]
+    assert warned == [f"loopguard: {text}"]
+    # every member kept is said too; without min_agreement every member counts, and nothing is said
+    everyone = [Observation(step, rewards, ensemble_scores=rows) for step, rewards, rows in stream[:6]]
+    notes, _ = _noted(Guard([RMEnsemble(members=("rm", "linear", "unrelated"), min_agreement=-1.0)], mode="log_only"), everyone)
+    assert notes == [
+        (
+            3,
+            "rm_ensemble: on the reference sample (48 completions), every member correlates with rm at "
+            f"min_agreement -1 or more: linear ({r[1]:.2f}) and unrelated ({r[2]:.2f})",
+        )
+    ]
+    notes, _ = _noted(Guard([RMEnsemble(members=3)], mode="log_only"), everyone)
+    assert notes == []
+
+
+@attrs.frozen
+class _Unworded(JudgeGap):
+    def reference_note(self, memory):
+        raise ValueError("no words")
+
+
+def test_a_reference_note_that_fails_follows_the_failure_policy():
+    observations = [Observation(step, rewards, ensemble_scores=rows) for step, rewards, rows in _stream(4)]
+    guard = Guard([_Unworded(members=4)], mode="log_only")
+    decisions = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decisions += [guard.step(observation) for observation in observations[:5]]
+    message = "signal 'judge_gap' could not describe its reference sample: ValueError: no words"
+    assert [d.errors for d in decisions] == [(message,)] * 5  # every step, loud each time
+    assert sum(message in str(w.message) for w in caught if w.category is RuntimeWarning) == 5
+    guard = Guard([_Unworded(members=4)], mode="log_only", on_error="raise")
+    with pytest.raises(ValueError, match="no words"):
+        guard.step(observations[0])

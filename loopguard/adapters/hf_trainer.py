@@ -1179,6 +1179,10 @@ class RewardHackMitigator(_Observer):
 
     def _announce(self, decision: Decision) -> None:
         """Status lines (warm-up done, a verdict change), the progress bar's postfix, trackers' alerts."""
+        for note in decision.notes:  # one-time notes: a signal skipped, the judges a reference sample settled
+            line = f"step {decision.step}: {note.rstrip('.')}."
+            self._console.status(logging.INFO, f"loopguard: {line}")
+            self._events.append(line)
         beta = decision.beta_after
         shown = f" beta={beta:.3g}" if beta is not None else ""
         verdict, previous, action = decision.verdict, self._shown, decision.action
