@@ -1105,12 +1105,17 @@ class RMEnsemble(Detector):
         where = f"on the reference sample ({int(memory['rows'])} completions)"
         level = f"min_agreement {self.min_agreement:g}"
         if not left:
-            every = _listed([_agreement_text(names[k], correlation[k]) for k in range(1, len(correlation))])
+            every = _listed(
+                [
+                    _agreement_text(names[k], correlation[k], self.min_agreement)
+                    for k in range(1, len(correlation))
+                ]
+            )
             return (
                 f"rm_ensemble: {where}, every member correlates with {names[0]} at {level} or more: {every}",
                 False,
             )
-        listed = _listed([_agreement_text(names[k], correlation[k]) for k in left])
+        listed = _listed([_agreement_text(names[k], correlation[k], self.min_agreement) for k in left])
         if len(left) == len(correlation) - 1:
             text = (
                 f"rm_ensemble reads nothing in this run: {where}, no member correlates with {names[0]} at "
@@ -1162,9 +1167,16 @@ def _listed(items: Sequence[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def _agreement_text(name: str, value: float | None) -> str:
-    """A member's reference correlation with the first, for a note (``rm_b (0.49)``, ``rm_c (no spread)``)."""
-    return f"{name} (no spread)" if value is None or not math.isfinite(value) else f"{name} ({value:.2f})"
+def _agreement_text(name: str, value: float | None, level: float) -> str:
+    """A member's reference correlation with the first, for a note (``rm_b (0.49)``, ``rm_c (no spread)``).
+
+    Two decimals, or as many more as it takes to show on which side of ``level`` (the ``min_agreement``
+    that kept or left out the member) the value is: 0.4996 is shown as ``0.4996``, not ``0.50``.
+    """
+    if value is None or not math.isfinite(value):
+        return f"{name} (no spread)"
+    digits = next((d for d in (2, 3, 4, 5) if (round(value, d) >= level) == (value >= level)), 6)
+    return f"{name} ({value:.{digits}f})"
 
 
 _MOMENT_KEYS = ("rows", "batches", "mean", "m2", "co", "from_reference", "frozen")
@@ -1659,8 +1671,16 @@ class JudgeGap(Detector):
             return text, True
         level = f"min_agreement {self.min_agreement:g}"
         counted = self._judges(agreement)
-        left = [_agreement_text(names[k], agreement[k]) for k in range(1, len(agreement)) if k not in counted]
-        judges = _listed([_agreement_text(names[k], agreement[k]) for k in counted]) if counted else ""
+        left = [
+            _agreement_text(names[k], agreement[k], self.min_agreement)
+            for k in range(1, len(agreement))
+            if k not in counted
+        ]
+        judges = (
+            _listed([_agreement_text(names[k], agreement[k], self.min_agreement) for k in counted])
+            if counted
+            else ""
+        )
         if not counted:
             text = (
                 f"judge_gap reads nothing in this run: {where}, no judge correlates with {trained} (the "

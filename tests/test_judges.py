@@ -809,3 +809,14 @@ def test_a_reference_note_that_fails_follows_the_failure_policy():
     guard = Guard([_Unworded(members=4)], mode="log_only", on_error="raise")
     with pytest.raises(ValueError, match="no words"):
         guard.step(observations[0])
+
+
+def test_a_correlation_is_shown_on_its_side_of_min_agreement():
+    from loopguard.detectors import _agreement_text
+
+    assert _agreement_text("rm_c", 0.4998, 0.5) == "rm_c (0.4998)"  # left out: never shown as 0.50
+    assert _agreement_text("rm_c", 0.50004, 0.5) == "rm_c (0.50)"
+    assert _agreement_text("rm_c", 0.42, 0.5) == "rm_c (0.42)"
+    assert _agreement_text("rm_b", 0.5041, 0.504) == "rm_b (0.504)"  # kept: never shown as 0.50
+    assert _agreement_text("rm_c", 0.5039, 0.504) == "rm_c (0.50)"
+    assert _agreement_text("rm_c", None, 0.5) == "rm_c (no spread)"
