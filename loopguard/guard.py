@@ -378,7 +378,8 @@ class Decision:
         explanation: Plain English with the numbers: what tripped, what was done, what the user can change.
         raw: The raw statistics measured this step, keyed ``"<signal>.<statistic>"``.
         components: The controller's and ladder's numbers behind the action.
-        notes: One-time notes of this step (e.g. a default signal skipped for a missing input).
+        notes: One-time notes of this step (e.g. a default signal skipped for a missing input; the judges
+            ``judge_gap`` keeps once its reference sample closes, see ``Detector.reference_note``).
         errors: What failed inside the Guard this step (a detector that raised or measured a non-finite
             statistic; it was skipped for this step). Empty on a healthy step; see ``on_error``.
         warming_up: True while the Guard is still collecting its warm-up baselines.
