@@ -353,7 +353,7 @@ def _convert_signals(value: object) -> Mapping[str, float | None]:
     if len(value) > MAX_SIGNALS:
         msg = f"`signals` must have at most {MAX_SIGNALS} entries, got {len(value)}."
         raise ConfigError(msg)
-    if _plain_leaves(value.values(), _FLOAT_OR_NONE) and _plain_names(value.keys()):
+    if plain_row(value.values(), _FLOAT_OR_NONE) and _plain_names(value.keys()):
         return types.MappingProxyType(dict(value))  # what a Guard's decision holds: names, finite floats
     result: dict[str, float | None] = {}
     for key, item in value.items():
@@ -389,14 +389,6 @@ _PLAIN_LEAF_TYPES: frozenset[type] = frozenset((type(None), str, int, float))
 _FLOAT_OR_NONE: frozenset[type] = frozenset((float, type(None)))
 
 
-def _plain_leaves(items: Any, allowed: frozenset[type] = _PLAIN_LEAF_TYPES) -> bool:
-    """Whether each item has an ``allowed`` type and each float is finite (default: a :func:`_plain_leaf`).
-
-    Read at once: a record's components, statistics and signals are rows of floats.
-    """
-    return plain_row(items, allowed)
-
-
 def _json_tree(name: str, value: object, depth: int) -> Any:
     """Copy ``value`` into plain JSON types (tuples -> lists, numpy scalars -> Python, non-finite -> None)."""
     if value is None or isinstance(value, str):
@@ -412,7 +404,7 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
             msg = f"`{name}` must be nested at most {MAX_EXTRA_DEPTH} levels deep, got deeper."
             raise ConfigError(msg)
         if isinstance(value, Mapping):
-            if _plain_leaves(value.values()) and set(map(type, value)) <= {str}:
+            if plain_row(value.values(), _PLAIN_LEAF_TYPES) and set(map(type, value)) <= {str}:
                 return dict(value)
             tree: dict[str, Any] = {}
             for key, item in value.items():
@@ -421,7 +413,7 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
                     raise LoopguardTypeError(msg)
                 tree[key] = item if _plain_leaf(item) else _json_tree(f"{name}[{key!r}]", item, depth + 1)
             return tree
-        if _plain_leaves(value):
+        if plain_row(value, _PLAIN_LEAF_TYPES):
             return list(value)
         return [
             item if _plain_leaf(item) else _json_tree(f"{name}[{index}]", item, depth + 1)
