@@ -1492,14 +1492,15 @@ class Guard:
     def _act(self, reading: _Reading, can_rollback: bool) -> Decision:
         hacking = reading.verdict == "HACK"  # while warming up, only absolute bands can say HACK
         ladder_out: LadderOutput | None = None
+        switched_on = False
         if self.ladder is not None and self._ladder_state is not None:
             targets = self._price(reading)
             can_shape = self._penalty is None and self._candidates is not None
             ladder_out, self._ladder_state = self.ladder.update(
                 self._ladder_state, hacking=hacking, can_rollback=can_rollback, can_shape=can_shape
             )
-            self._update_penalty(targets, ladder_out)
-        control_out = self._control(reading, ladder_out)
+            switched_on = self._update_penalty(targets, ladder_out)
+        control_out = self._control(reading, ladder_out, forget=switched_on)
         if control_out is not None:
             self._beta = control_out.beta
             if self._beta != reading.beta_before:
@@ -1619,16 +1620,14 @@ class Guard:
         self._candidates = TargetedPenalty(tuple(priced)) if priced else None
         return priced or []
 
-    def _update_penalty(self, targets: list[Target], ladder_out: LadderOutput) -> None:
+    def _update_penalty(self, targets: list[Target], ladder_out: LadderOutput) -> bool:
+        """Switch the penalty on (the ladder's rung) or re-price it; True when it was switched on now."""
+        switched_on = self._penalty is None
         if ladder_out.shape and self._candidates is not None:
             self._penalty = self._candidates.merged(targets)
         elif self._penalty is not None and targets:
             self._penalty = self._penalty.merged(targets)  # re-priced on the raw reward: rates only grow
-        forget = getattr(self.controller, "forget", None)
-        if self._penalty is not None and callable(forget) and self._controller_state is not None:
-            # the penalty takes the pay out of the flaw (and re-prices itself while the hack persists): the
-            # controller's memory of the beta that held the flaw off is not needed, beta relaxes by the gain
-            self._controller_state = forget(self._controller_state)
+        return switched_on and self._penalty is not None
 
     def _ceiling_warning(self, reading: _Reading, action: Action) -> str:
         """A loud, repeated warning while HACK persists with beta at the controller's ceiling."""
@@ -1651,9 +1650,23 @@ class Guard:
         warnings.warn(f"loopguard: step {reading.observation.step}:{text}", RuntimeWarning, stacklevel=4)
         return text
 
-    def _control(self, reading: _Reading, ladder_out: LadderOutput | None) -> ControlOutput | None:
+    def _control(
+        self, reading: _Reading, ladder_out: LadderOutput | None, *, forget: bool = False
+    ) -> ControlOutput | None:
+        """The controller's step. ``forget``: a targeted penalty was switched on at this step.
+
+        The penalty takes the pay out of the flaw, so the controller forgets (when it can) the beta that held
+        the flaw off, before this step (it does not bound this step's beta) and after it (this step's raise
+        answered a batch trained on the old pay); beta then relaxes by the gain. Only when it is switched on:
+        a hack that comes back with the penalty in force shows what the penalty leaves to beta, and the beta
+        that then holds it off is remembered as any other (forgetting it on every step let beta fall back to
+        the user's and the hack return, on the Goodhart benchmark's diversity collapse).
+        """
         if self.controller is None:
             return None
+        forgets = getattr(self.controller, "forget", None) if forget else None
+        if callable(forgets) and self._controller_state is not None:
+            self._controller_state = forgets(self._controller_state)
         observation = reading.observation
         signal = ControlInput(
             vote=reading.vote,
@@ -1665,6 +1678,8 @@ class Guard:
         output, self._controller_state = self.controller.update(
             self._controller_state, signal, allow_lower=allow_lower
         )
+        if callable(forgets):
+            self._controller_state = forgets(self._controller_state)
         if output.note:
             self._note_once(f"control:{output.note}", output.note, reading.notes)
         return output

@@ -550,6 +550,43 @@ def test_targeted_rung_prices_the_token_the_reward_pays_for_and_survives_a_resum
     assert resumed.penalty == guard.penalty
 
 
+def test_the_penalty_drops_the_remembered_beta_once_and_a_hack_back_under_it_is_remembered():
+    """Switched on, the penalty takes the pay out of the flaw: beta (raised against the old pay, on that very
+    step too) relaxes by the gain to the user's. The hack back with the penalty in force trips again, and
+    the beta that then holds it off is remembered: it is not dropped again on every step."""
+    ladder = EscalationLadder(rollback_patience=3, stop_patience=30, max_rollbacks=1, cooldown_steps=2)
+    guard = Guard(["repetition", "diversity", "takeover"], beta=0.01, ladder=ladder)
+    rng = np.random.default_rng(0)
+    decisions, on = [], None
+    for step in range(100):
+        if on is None:
+            share = 0.0 if step < 25 else min(0.85, 0.05 * (step - 24))
+        else:  # healthy for 15 steps, the hack back for 15 steps, then healthy again
+            share = 0.85 if on + 15 <= step < on + 30 else 0.0
+        decisions.append(guard.step(_takeover_batch(rng, step, share)))
+        if on is None and decisions[-1].penalty is not None:
+            on = step
+    assert on is not None
+    floors = [d.components.get("controller.floor_beta") for d in decisions]  # none while warming up
+    assert decisions[on].action == "rollback"
+    assert decisions[on].beta_after > decisions[on].beta_before  # raised on the step the penalty went on
+    # no floor: relaxed by the gain (1.5) all the way to the user's beta while the hack stays away
+    assert floors[on : on + 15] == [0.01] * 15
+    relaxing = [d.beta_after for d in decisions[on : on + 15] if d.action == "lower_beta"]
+    assert relaxing[-1] == 0.01
+    assert relaxing[:-1] == pytest.approx([decisions[on].beta_after / 1.5**k for k in range(1, len(relaxing))])
+    # the hack back under the penalty: raised again, then the first relaxing step remembers the beta in force
+    again = [d for d in decisions[on + 15 : on + 30] if d.action == "raise_beta"]
+    assert again
+    held = next(i for i in range(on + 30, len(decisions)) if floors[i] > 0.01)
+    assert floors[held] == decisions[held].beta_before
+    # and keeps it: beta follows the floor down by its half-life, not by the gain
+    for i in range(held + 1, len(decisions)):
+        assert floors[i] > 0.01
+        assert decisions[i].beta_after == pytest.approx(floors[i])
+        assert decisions[i].beta_after > decisions[i - 1].beta_after / 1.1
+
+
 def _shaped(guard):
     """Feed ``guard`` the takeover run of the test above until the targeted penalty goes on: that decision
     and the penalty."""

@@ -49,6 +49,9 @@ class BangBangState(JSONState):
         raise_kl: The measured KL to the reference at the last raise while tripped (what ``hold_receding``
             compares with), or None (untripped, or no KL measured at that raise).
         raise_step: ``step`` just after the last raise while tripped, or None (untripped, or relaxing since).
+        remember: Whether the beta at the next first relaxing step may become the floor. False from
+            :meth:`BangBang.forget` (the flaw's pay changed) until the next raise, which is made against the
+            pay as it is now.
     """
 
     step: int = attrs.field(validator=StateField("int", lo=0))
@@ -62,6 +65,7 @@ class BangBangState(JSONState):
     )
     raise_kl: float | None = attrs.field(default=None, validator=StateField("real", optional=True))
     raise_step: int | None = attrs.field(default=None, validator=StateField("int", lo=1, optional=True))
+    remember: bool = attrs.field(default=True, validator=StateField("bool"))
 
     def __attrs_post_init__(self) -> None:
         """Check the invariants every reachable state satisfies: never below base; untripped means at base."""
@@ -76,6 +80,9 @@ class BangBangState(JSONState):
                 f"`floor_beta` must be in (base_beta, beta] = ({self.base_beta:g}, {self.beta:g}] or None, "
                 f"got {describe(self.floor_beta)}."
             )
+            raise ConfigError(msg)
+        if not self.remember and self.floor_beta is not None:
+            msg = f"`floor_beta` must be None when remember is False, got {describe(self.floor_beta)}."
             raise ConfigError(msg)
         if not self.tripped and (self.raise_kl is not None or self.raise_step is not None):
             msg = (
@@ -246,6 +253,7 @@ class BangBang(KLControllerBase[BangBangState]):
         steps_below = state.steps_below + 1 if below else 0
         floor = state.floor_beta
         raise_kl, raise_step = (state.raise_kl, state.raise_step) if state.tripped else (None, None)
+        remember = state.remember
         receding = None
         if above and (state.tripped or steps_above >= self.dwell_steps):
             receding = self._receding(state, signal, steps_above)
@@ -255,6 +263,7 @@ class BangBang(KLControllerBase[BangBangState]):
                 sized = None if state.tripped else self._sized(signal)
                 move = self._raise(state.beta, vote, steps_above, sized)
                 raise_kl, raise_step = signal.kl, state.step + 1
+                remember = True  # raised against the flaw's pay as it is now
         elif below and state.tripped and steps_below >= self.release_patience:
             if self.memory_half_life > 0:
                 floor = self._remember(state, steps_below)
@@ -276,6 +285,7 @@ class BangBang(KLControllerBase[BangBangState]):
             floor_beta=floor,
             raise_kl=raise_kl if move.tripped else None,
             raise_step=raise_step if move.tripped else None,
+            remember=remember,
         )
         components = {
             "vote": vote,
@@ -296,7 +306,9 @@ class BangBang(KLControllerBase[BangBangState]):
         """``state`` without its remembered floor, so relaxing may go back to the user's beta.
 
         The Guard calls this when the escalation ladder switches a targeted penalty on: the flaw that needed
-        the remembered beta no longer pays.
+        the remembered beta no longer pays as it did. Nor does a beta raised before this become the floor
+        when it later holds the hack off; the next raise (the hack back with the penalty in force) is
+        remembered as usual.
 
         Example:
             >>> ctl = BangBang()
@@ -306,7 +318,7 @@ class BangBang(KLControllerBase[BangBangState]):
             True
         """
         self.validate(state)
-        return attrs.evolve(state, floor_beta=None)
+        return attrs.evolve(state, floor_beta=None, remember=False)
 
     def after_rollback(self, state: BangBangState) -> BangBangState:
         """``state`` without its last raise, which described a policy the rollback discarded.
@@ -382,7 +394,7 @@ class BangBang(KLControllerBase[BangBangState]):
         """The floor after this healthy step: beta on the first relaxing step, then halving every h steps."""
         base = state.base_beta
         if steps_below == self.release_patience:  # the beta now held the hack off for release_patience steps
-            return state.beta if state.beta > base else None
+            return state.beta if state.beta > base and state.remember else None
         if state.floor_beta is None:
             return None
         floor = base + (state.floor_beta - base) * 0.5 ** (1.0 / self.memory_half_life)

@@ -456,14 +456,23 @@ def test_to_dict_is_plain_json():
         "floor_beta": None,
         "raise_kl": None,
         "raise_step": 2,
+        "remember": True,
     }
     assert json.loads(json.dumps(payload)) == payload
 
 
 def test_a_state_saved_before_the_memory_existed_loads_without_a_floor():
     payload = BangBang().init(0.01).to_dict()
-    del payload["floor_beta"], payload["raise_kl"], payload["raise_step"]
-    assert BangBangState.from_dict(payload).floor_beta is None
+    del payload["floor_beta"], payload["raise_kl"], payload["raise_step"], payload["remember"]
+    loaded = BangBangState.from_dict(payload)
+    assert loaded.floor_beta is None
+    assert loaded.remember
+
+
+def test_a_floor_cannot_be_kept_by_a_state_that_forgot():
+    with pytest.raises(ConfigError, match=re.escape("`floor_beta` must be None when remember is False, got 0.05.")):
+        BangBangState(step=3, base_beta=0.01, beta=0.08, tripped=True, steps_above=0, steps_below=1,
+                      floor_beta=0.05, remember=False)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------- memory and sizing
@@ -482,6 +491,29 @@ def test_memory_holds_the_beta_that_held_the_hack_off_and_decays_by_half_per_hal
     assert "remembered beta" in outputs[15].reason
     classic, _ = run(BangBang(gain=2.0, release_patience=2, memory_half_life=0), votes, 0.01)
     assert classic[8].beta == pytest.approx(0.01)  # without memory: back at the user's beta by the gain
+
+
+def test_forget_drops_the_floor_and_the_beta_raised_before_it_and_the_next_raise_is_remembered():
+    """A penalty switched on mid-trip (forget): the beta raised against the old pay relaxes by the gain; a hack
+    back with the penalty in force trips again, and the beta that then holds it off is the floor."""
+    ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10, hold_receding=False)
+    state, betas, floors = ctl.init(0.01), [], []
+    for index, vote in enumerate([0.9, 0.9, 0.9] + [0.0] * 6 + [0.9, 0.9] + [0.0] * 4):
+        if index == 3:  # the penalty goes on: 0.04 was raised against the flaw's old pay
+            state = ctl.forget(state)
+            assert state.floor_beta is None
+            assert not state.remember
+        out, state = ctl.update(state, ControlInput(vote=vote))
+        betas.append(out.beta)
+        floors.append(state.floor_beta)
+    # 0.01 -> 0.02 -> 0.04; two healthy steps, then it relaxes by the gain, with no floor, to the user's beta
+    assert betas[:9] == pytest.approx([0.01, 0.02, 0.04, 0.04, 0.02, 0.01, 0.01, 0.01, 0.01])
+    assert floors[:9] == [None] * 9
+    # tripped again with the penalty in force: 0.01 -> 0.02 held the hack off and is remembered
+    assert betas[10] == pytest.approx(0.02)
+    assert state.remember
+    assert floors[12] == pytest.approx(0.02)
+    assert betas[12:] == pytest.approx([0.02, 0.01 + 0.01 * 0.5**0.1, 0.01 + 0.01 * 0.5**0.2])
 
 
 def test_memory_ends_the_limit_cycle_of_a_flaw_that_keeps_paying():
