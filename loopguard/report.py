@@ -64,6 +64,7 @@ _ACTION_STYLE = {  # marker, colour, legend label
     "stop": ("s", "#000000", "stop"),
 }
 _FIRST_SENTENCE_CHARS = 240
+_MAX_NOTES = 12  # notes listed in the summary; the rest are counted
 # Characters that must not reach a terminal (or a figure, or a page) as they are: C0 controls, DEL, C1
 # controls (ANSI escape sequences start with ESC or CSI), the Unicode line and paragraph separators, and the
 # bidirectional controls that can make text read differently from what it holds.
@@ -261,7 +262,9 @@ def summarize(records: Sequence[Mapping[str, Any]], *, run: str | None = None) -
     The lines are: what was observed (records, first and last step, mode, warm-up, the worst verdict); what
     tripped (the first WARN and first HACK steps, and the signals that scored highest at the first HACK);
     every action, grouped (runs of raises or lowers, rollbacks with the step restored, the stop with the
-    weights restored); and the outcome (final verdict, stopped or not, final beta against the starting one).
+    weights restored); the Guard's one-time notes with their steps (a signal skipped for a missing input,
+    the judges ``judge_gap`` counts; at most 12, the rest counted); and the outcome (final verdict, stopped
+    or not, final beta against the starting one).
     A healthy log says that nothing tripped and nothing was changed. The text depends only on the records.
 
     Runs are kept apart (:func:`~loopguard.log.split_runs`): a log that several runs appended to (a reused
@@ -375,8 +378,25 @@ def _decision_lines(checked: list[Mapping[str, Any]]) -> list[str]:
         else:
             why = " (log_only mode only records)" if modes == ["log_only"] else ""
             lines.append(f"Actions: none; nothing was changed{why}.")
+    lines.extend(_notes(checked))
     lines.append(_outcome(checked))
     return lines
+
+
+def _notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The Guard's one-time notes (a signal skipped, the judges judge_gap counts), each with its step."""
+    found: list[str] = []
+    for record in records:
+        extra = record.get("extra")
+        notes = extra.get("notes") if isinstance(extra, Mapping) else None
+        if isinstance(notes, list):
+            found.extend(f"step {record['step']}: {str(note).strip()}" for note in notes if str(note).strip())
+    if not found:
+        return []
+    shown = [f"  - {note}" for note in found[:_MAX_NOTES]]
+    if len(found) > _MAX_NOTES:
+        shown.append(f"  - ... and {len(found) - _MAX_NOTES} more in the log (extra.notes)")
+    return ["Notes:", *shown]
 
 
 def _tripped(records: Sequence[Mapping[str, Any]], hack_level: float) -> list[str]:

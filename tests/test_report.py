@@ -136,6 +136,11 @@ def test_report_of_a_real_grpo_run_png_and_html(hacked_log, tmp_path, capsys):
     )
     assert lines[-1].startswith("Outcome: ")
     assert f"{records[-1]['beta_after']:.4g}" in lines[-1]
+    # the Guard's one-time notes (here: default signals skipped for inputs the run does not give), with steps
+    notes = [f"  - step {r['step']}: {note}" for r in decisions for note in r["extra"].get("notes", [])]
+    assert notes
+    listed = lines.index("Notes:") + 1
+    assert lines[listed : listed + min(len(notes), 12)] == notes[:12]
 
     page = tmp_path / "report.html"
     assert main(["report", hacked_log, "--output", str(page)]) == 0
@@ -179,8 +184,27 @@ def test_summary_of_a_log_only_run_with_hacks_and_no_beta():
         "Tripped: WARN first at step 8, HACK first at step 9; 2 HACK and 1 WARN step(s) in all.",
         "Highest signal scores at the first HACK (step 9, vote 0.45 >= 0.30): length 0.45, drift 0.10.",
         "Actions: none; nothing was changed (log_only mode only records).",
+        "Notes:",
+        "  - step 10: x",
         "Outcome: ended at step 10 still HACK, not stopped; no beta recorded (log_only).",
     ]
+
+
+def test_summary_lists_the_notes_with_their_steps_and_counts_the_rest():
+    records = _warmup(range(0, 3), 3, extra={"notes": ["drift: skipped, no rewards", "  "]})
+    records += [_record(s, extra={"notes": [f"note {s}"]}) for s in range(3, 20)]
+    lines = summarize(records).splitlines()
+    assert lines[:3] == [
+        "Mitigation log: 20 steps observed (steps 0-19), mode kl_control, warm-up 3 steps; worst verdict OK.",
+        "Nothing tripped: every verdict was OK, and nothing was changed.",
+        "Notes:",
+    ]
+    # three warm-up records carry the same two notes each; the blank one is left out
+    assert lines[3:6] == [f"  - step {s}: drift: skipped, no rewards" for s in range(3)]
+    assert lines[6:15] == [f"  - step {s}: note {s}" for s in range(3, 12)]
+    assert lines[15] == "  - ... and 8 more in the log (extra.notes)"
+    assert lines[16].startswith("Outcome: ended at step 19 with verdict OK")
+    assert len(lines) == 17
 
 
 def test_summary_of_raises_a_rollback_lowers_and_a_stop():
