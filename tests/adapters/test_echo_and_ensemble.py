@@ -136,7 +136,7 @@ def test_the_one_liner_reads_watched_reward_functions_as_judges(model_dir, token
     assert any("reading the watched reward functions judge (weight 0) as judges of echo_reward" in line for line in lines)
     records = decisions(tmp_path)
     # the judges the reference sample settled: said once, on the console and in the log, on the same step
-    said = [line for line in lines if "judge_gap: on the reference sample (" in line]
+    said = [line for line in lines if line.startswith("loopguard: step") and "judge_gap: on the reference" in line]
     noted = [(r["step"], note) for r in records for note in (r.get("extra") or {}).get("notes", [])]
     noted = [(step, note) for step, note in noted if note.startswith("judge_gap:")]
     assert len(said) == 1, said
@@ -144,6 +144,10 @@ def test_the_one_liner_reads_watched_reward_functions_as_judges(model_dir, token
     assert said[0] == f"loopguard: step {noted[0][0]}: {noted[0][1]}."
     assert "correlates with echo_reward" in said[0]
     assert "judge (" in said[0]
+    # and the end-of-run summary (what `loopguard report` prints) lists it with its step
+    summary = next(line for line in lines if line.startswith("loopguard summary:"))
+    assert "\nNotes:\n" in summary
+    assert f"\n  - step {noted[0][0]}: {noted[0][1]}\n" in summary
     gap = {r["step"]: r["signals"].get("judge_gap.gap") for r in records}
     before = [value for step, value in gap.items() if step < 8 and value is not None]
     assert before  # read after the reference sample (3 steps) and the window (2)
