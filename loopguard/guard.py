@@ -1656,11 +1656,13 @@ class Guard:
         """The controller's step. ``forget``: a targeted penalty was switched on at this step.
 
         The penalty takes the pay out of the flaw, so the controller forgets (when it can) the beta that held
-        the flaw off, before this step (it does not bound this step's beta) and after it (this step's raise
-        answered a batch trained on the old pay); beta then relaxes by the gain. Only when it is switched on:
-        a hack that comes back with the penalty in force shows what the penalty leaves to beta, and the beta
-        that then holds it off is remembered as any other (forgetting it on every step let beta fall back to
-        the user's and the hack return, on the Goodhart benchmark's diversity collapse).
+        the flaw off and the beta of the trip in progress, raised against the old pay: before this step (the
+        old floor does not bound this step's beta) and after it (this step's raise answered a batch trained
+        on the old pay, and makes the trip). Beta then relaxes by the gain once the hack is held off. Only
+        when it is switched on: a later trip (the hack back with the penalty in force) shows what the penalty
+        leaves to beta, and the beta that then holds it off is remembered as any other (forgetting it on
+        every step let beta fall back to the user's and the hack return, on the Goodhart benchmark's
+        diversity collapse).
         """
         if self.controller is None:
             return None

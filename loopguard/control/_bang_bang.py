@@ -49,9 +49,10 @@ class BangBangState(JSONState):
         raise_kl: The measured KL to the reference at the last raise while tripped (what ``hold_receding``
             compares with), or None (untripped, or no KL measured at that raise).
         raise_step: ``step`` just after the last raise while tripped, or None (untripped, or relaxing since).
-        remember: Whether the beta at the next first relaxing step may become the floor. False from
-            :meth:`BangBang.forget` (the flaw's pay changed) until the next raise, which is made against the
-            pay as it is now.
+        remember: Whether the beta at this trip's first relaxing step may become the floor. False from
+            :meth:`BangBang.forget` on a tripped controller (the flaw's pay changed, and the beta raised in
+            this trip answered the old pay) to that first relaxing step; a later trip (the hack back under
+            the new pay) is remembered as usual.
     """
 
     step: int = attrs.field(validator=StateField("int", lo=0))
@@ -263,10 +264,10 @@ class BangBang(KLControllerBase[BangBangState]):
                 sized = None if state.tripped else self._sized(signal)
                 move = self._raise(state.beta, vote, steps_above, sized)
                 raise_kl, raise_step = signal.kl, state.step + 1
-                remember = True  # raised against the flaw's pay as it is now
         elif below and state.tripped and steps_below >= self.release_patience:
             if self.memory_half_life > 0:
                 floor = self._remember(state, steps_below)
+            remember = True  # the trip the forgetting fell in is over: a new one is remembered as usual
             move = self._relax(state, vote, steps_below, allow_lower, floor)
             raise_kl = raise_step = None  # the raised beta held the hack off: a new trip starts afresh
         else:
@@ -306,8 +307,9 @@ class BangBang(KLControllerBase[BangBangState]):
         """``state`` without its remembered floor, so relaxing may go back to the user's beta.
 
         The Guard calls this when the escalation ladder switches a targeted penalty on: the flaw that needed
-        the remembered beta no longer pays as it did. Nor does a beta raised before this become the floor
-        when it later holds the hack off; the next raise (the hack back with the penalty in force) is
+        the remembered beta no longer pays as it did. On a tripped controller, nor does the beta of this
+        trip (raised against the old pay, and perhaps again while the policy unlearns the flaw) become the
+        floor when it holds the hack off; a later trip (the hack back with the penalty in force) is
         remembered as usual.
 
         Example:
@@ -318,7 +320,7 @@ class BangBang(KLControllerBase[BangBangState]):
             True
         """
         self.validate(state)
-        return attrs.evolve(state, floor_beta=None, remember=False)
+        return attrs.evolve(state, floor_beta=None, remember=not state.tripped)
 
     def after_rollback(self, state: BangBangState) -> BangBangState:
         """``state`` without its last raise, which described a policy the rollback discarded.

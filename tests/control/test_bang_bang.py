@@ -493,12 +493,13 @@ def test_memory_holds_the_beta_that_held_the_hack_off_and_decays_by_half_per_hal
     assert classic[8].beta == pytest.approx(0.01)  # without memory: back at the user's beta by the gain
 
 
-def test_forget_drops_the_floor_and_the_beta_raised_before_it_and_the_next_raise_is_remembered():
-    """A penalty switched on mid-trip (forget): the beta raised against the old pay relaxes by the gain; a hack
-    back with the penalty in force trips again, and the beta that then holds it off is the floor."""
+def test_forget_drops_the_floor_and_the_trip_in_progress_and_a_later_trip_is_remembered():
+    """A penalty switched on mid-trip (forget): the trip's beta, raised against the old pay and again while the
+    hack lasts, relaxes by the gain; a hack back with the penalty in force trips again, and the beta that
+    then holds it off is the floor."""
     ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10, hold_receding=False)
-    state, betas, floors = ctl.init(0.01), [], []
-    for index, vote in enumerate([0.9, 0.9, 0.9] + [0.0] * 6 + [0.9, 0.9] + [0.0] * 4):
+    state, betas, floors, remembers = ctl.init(0.01), [], [], []
+    for index, vote in enumerate([0.9, 0.9, 0.9, 0.9] + [0.0] * 6 + [0.9, 0.9] + [0.0] * 4):
         if index == 3:  # the penalty goes on: 0.04 was raised against the flaw's old pay
             state = ctl.forget(state)
             assert state.floor_beta is None
@@ -506,14 +507,26 @@ def test_forget_drops_the_floor_and_the_beta_raised_before_it_and_the_next_raise
         out, state = ctl.update(state, ControlInput(vote=vote))
         betas.append(out.beta)
         floors.append(state.floor_beta)
-    # 0.01 -> 0.02 -> 0.04; two healthy steps, then it relaxes by the gain, with no floor, to the user's beta
-    assert betas[:9] == pytest.approx([0.01, 0.02, 0.04, 0.04, 0.02, 0.01, 0.01, 0.01, 0.01])
-    assert floors[:9] == [None] * 9
+        remembers.append(state.remember)
+    # 0.01 -> 0.02 -> 0.04 -> 0.08 (the hack lasts a step into the penalty); two healthy steps, then it
+    # relaxes by the gain, with no floor, to the user's beta
+    assert betas[:10] == pytest.approx([0.01, 0.02, 0.04, 0.08, 0.08, 0.04, 0.02, 0.01, 0.01, 0.01])
+    assert floors[:10] == [None] * 10
+    assert remembers[3:6] == [False, False, True]  # until the trip's first relaxing step
     # tripped again with the penalty in force: 0.01 -> 0.02 held the hack off and is remembered
-    assert betas[10] == pytest.approx(0.02)
+    assert betas[11] == pytest.approx(0.02)
+    assert floors[13] == pytest.approx(0.02)
+    assert betas[13:] == pytest.approx([0.02, 0.01 + 0.01 * 0.5**0.1, 0.01 + 0.01 * 0.5**0.2])
+
+
+def test_forget_on_an_untripped_controller_leaves_its_next_trip_remembered():
+    ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10, hold_receding=False)
+    state = ctl.forget(ctl.init(0.01))  # the penalty went on before any trip: every trip is under it
     assert state.remember
-    assert floors[12] == pytest.approx(0.02)
-    assert betas[12:] == pytest.approx([0.02, 0.01 + 0.01 * 0.5**0.1, 0.01 + 0.01 * 0.5**0.2])
+    for vote in [0.9, 0.9, 0.9, 0.0, 0.0]:
+        out, state = ctl.update(state, ControlInput(vote=vote))
+    assert state.floor_beta == pytest.approx(0.04)
+    assert out.beta == pytest.approx(0.04)
 
 
 def test_memory_ends_the_limit_cycle_of_a_flaw_that_keeps_paying():
