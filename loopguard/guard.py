@@ -1660,9 +1660,9 @@ class Guard:
         old floor does not bound this step's beta) and after it (this step's raise answered a batch trained
         on the old pay, and makes the trip). Beta then relaxes by the gain once the hack is held off. Only
         when it is switched on: a later trip (the hack back with the penalty in force) shows what the penalty
-        leaves to beta, and the beta that then holds it off is remembered as any other (forgetting it on
-        every step let beta fall back to the user's and the hack return, on the Goodhart benchmark's
-        diversity collapse).
+        leaves to beta, and the beta that then holds it off is remembered as any other (forgetting on every
+        step forgot those trips too, on the Goodhart benchmark's diversity collapse: each raise started again
+        near the user's beta, and the run ended in a stop).
         """
         if self.controller is None:
             return None
