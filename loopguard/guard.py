@@ -1655,20 +1655,17 @@ class Guard:
     ) -> ControlOutput | None:
         """The controller's step. ``forget``: a targeted penalty was switched on at this step.
 
-        The penalty takes the pay out of the flaw, so the controller forgets (when it can) the beta that held
-        the flaw off and the beta of the trip in progress, raised against the old pay: before this step (the
-        old floor does not bound this step's beta) and after it (this step's raise answered a batch trained
-        on the old pay, and makes the trip). Beta then relaxes by the gain once the hack is held off. Only
-        when it is switched on: a later trip (the hack back with the penalty in force) shows what the penalty
-        leaves to beta, and the beta that then holds it off is remembered as any other (forgetting on every
-        step forgot those trips too, on the Goodhart benchmark's diversity collapse: each raise started again
-        near the user's beta, and the run ended in a stop).
+        The penalty takes the pay out of the flaw, so after this step's update the controller forgets (when
+        it can) the beta that held the flaw off and the trip in progress, whose beta was raised against the
+        old pay (this step's raise too: its batch was trained on the old pay). Beta then relaxes by the gain
+        once the hack is held off. Only when it is switched on: a later trip (the hack back with the penalty
+        in force) shows what the penalty leaves to beta, and the beta that then holds it off is remembered
+        as any other (forgetting on every step forgot those trips too, on the Goodhart benchmark's diversity
+        collapse: each raise started again near the user's beta, and the run ended in a stop).
         """
         if self.controller is None:
             return None
         forgets = getattr(self.controller, "forget", None) if forget else None
-        if callable(forgets) and self._controller_state is not None:
-            self._controller_state = forgets(self._controller_state)
         observation = reading.observation
         signal = ControlInput(
             vote=reading.vote,
