@@ -42,7 +42,7 @@ import functools
 import math
 import statistics
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal
 
 import attrs
@@ -1105,17 +1105,12 @@ class RMEnsemble(Detector):
         where = f"on the reference sample ({int(memory['rows'])} completions)"
         level = f"min_agreement {self.min_agreement:g}"
         if not left:
-            every = _listed(
-                [
-                    _agreement_text(names[k], correlation[k], self.min_agreement)
-                    for k in range(1, len(correlation))
-                ]
-            )
+            every = _agreements(names, correlation, range(1, len(correlation)), self.min_agreement)
             return (
                 f"rm_ensemble: {where}, every member correlates with {names[0]} at {level} or more: {every}",
                 False,
             )
-        listed = _listed([_agreement_text(names[k], correlation[k], self.min_agreement) for k in left])
+        listed = _agreements(names, correlation, left, self.min_agreement)
         if len(left) == len(correlation) - 1:
             text = (
                 f"rm_ensemble reads nothing in this run: {where}, no member correlates with {names[0]} at "
@@ -1165,6 +1160,13 @@ def _member_names(members: int | tuple[str, ...] | None, count: int) -> list[str
 def _listed(items: Sequence[str]) -> str:
     """``a``, ``a and b``, ``a, b and c``."""
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _agreements(
+    names: Sequence[str], values: Sequence[float | None], members: Iterable[int], level: float
+) -> str:
+    """The ``members``' reference correlations with the first, listed for a note (:func:`_agreement_text`)."""
+    return _listed([_agreement_text(names[k], values[k], level) for k in members])
 
 
 def _agreement_text(name: str, value: float | None, level: float) -> str:
@@ -1671,29 +1673,23 @@ class JudgeGap(Detector):
             return text, True
         level = f"min_agreement {self.min_agreement:g}"
         counted = self._judges(agreement)
-        left = [
-            _agreement_text(names[k], agreement[k], self.min_agreement)
-            for k in range(1, len(agreement))
-            if k not in counted
-        ]
-        judges = (
-            _listed([_agreement_text(names[k], agreement[k], self.min_agreement) for k in counted])
-            if counted
-            else ""
-        )
+        out = [k for k in range(1, len(agreement)) if k not in counted]
         if not counted:
+            every = _agreements(names, agreement, out, self.min_agreement)
             text = (
                 f"judge_gap reads nothing in this run: {where}, no judge correlates with {trained} (the "
-                f"trained reward) at {level} or more: {_listed(left)}. If they judge what {trained} "
-                "measures, lower JudgeGap(min_agreement=...)"
+                f"trained reward) at {level} or more: {every}. If they judge what {trained} measures, lower "
+                "JudgeGap(min_agreement=...)"
             )
             return text, True
-        if not left:
+        judges = _agreements(names, agreement, counted, self.min_agreement)
+        if not out:
             every = f"every judge correlates with {trained} at {level} or more"
             return f"judge_gap: {where}, {every}: {judges}", False
-        verb, be = ("correlates", "is") if len(left) == 1 else ("correlate", "are")
+        left = _agreements(names, agreement, out, self.min_agreement)
+        verb, be = ("correlates", "is") if len(out) == 1 else ("correlate", "are")
         text = (
-            f"judge_gap: {where}, {trained} is judged by {judges}; {_listed(left)} {verb} with it below "
+            f"judge_gap: {where}, {trained} is judged by {judges}; {left} {verb} with it below "
             f"{level} and {be} left out"
         )
         return text, False

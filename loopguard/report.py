@@ -390,7 +390,8 @@ def _notes(records: Sequence[Mapping[str, Any]]) -> list[str]:
         extra = record.get("extra")
         notes = extra.get("notes") if isinstance(extra, Mapping) else None
         if isinstance(notes, list):
-            found.extend(f"step {record['step']}: {str(note).strip()}" for note in notes if str(note).strip())
+            texts = (str(note).strip() for note in notes)
+            found.extend(f"step {record['step']}: {text}" for text in texts if text)
     if not found:
         return []
     shown = [f"  - {note}" for note in found[:_MAX_NOTES]]
