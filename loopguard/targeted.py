@@ -47,7 +47,8 @@ from numpy.typing import ArrayLike, NDArray
 from loopguard._saved_state import Fields, as_state_error, check_state_reals, open_state
 from loopguard._validation import describe, integer, real
 from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
-from loopguard.signals import TokenBatch, as_token_batch, ngram_repetition_rate
+from loopguard.signals import TokenBatch, as_token_batch
+from loopguard.signals._repetition import repetition_rates
 
 __all__ = [
     "MARGIN",
@@ -122,16 +123,15 @@ class Target:
 
     def feature(self, batch: TokenBatch) -> NDArray[np.float64]:
         """This feature of every completion of ``batch``."""
-        lengths = np.diff(batch.offsets).astype(np.float64)
-        if self.kind in ("tokens", "presence"):
-            rows = np.repeat(np.arange(len(lengths)), np.diff(batch.offsets))
-            hits = batch.tokens == self.token
-            counts = np.bincount(rows[hits], minlength=len(lengths)).astype(np.float64)
+        if self.kind in ("tokens", "presence"):  # the batch's row ids are kept on it for every target
+            hits = batch.row_ids()[batch.tokens == self.token]
+            counts = np.bincount(hits, minlength=batch.n_rows).astype(np.float64)
             return counts if self.kind == "tokens" else np.minimum(counts, 1.0)
         if self.kind == "length":
-            return np.maximum(lengths - float(self.threshold or 0.0), 0.0)
-        rates = ngram_repetition_rate(batch, int(self.n or 1), reduce="none")
-        return np.asarray(rates, dtype=np.float64)
+            past: NDArray[np.float64] = np.maximum(batch.lengths - float(self.threshold or 0.0), 0.0)
+            return past
+        # ngram_repetition_rate's per-row rates, without re-checking n (the field's validator did)
+        return repetition_rates(as_token_batch("batch", batch), int(self.n or 1))
 
     def describe(self, names: Mapping[int, str] | None = None) -> str:
         """One plain-English phrase; ``names`` gives a token's text (quoted after its id) where it has one.

@@ -436,6 +436,9 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
             columns[name].extend(part.columns[name][index] for index in keep)
         if part.group_size is None:
             uniform = None
+        elif len(keep) == len(proxy):  # every row scored: the groups as the trainer made them
+            size = part.group_size
+            sizes.extend(min(size, len(proxy) - start) for start in range(0, len(proxy), size))
         else:
             kept = set(keep)
             for start in range(0, len(proxy), part.group_size):

@@ -121,7 +121,7 @@ class TokenBatch:
             offsets.size == 0
             or offsets[0] != 0
             or offsets[-1] != self.tokens.size
-            or (offsets.size > 1 and bool((np.diff(offsets) < 0).any()))
+            or (offsets.size > 1 and bool((offsets[1:] < offsets[:-1]).any()))
         ):
             msg = (
                 "`TokenBatch.offsets` must start at 0, never decrease and end at len(tokens) "
@@ -147,8 +147,15 @@ class TokenBatch:
         return lengths
 
     def row_ids(self) -> NDArray[np.int64]:
-        """Row index of every token, aligned with :attr:`tokens`."""
-        return np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths)
+        """Row index of every token, aligned with :attr:`tokens` (read-only and computed once when frozen)."""
+        cached = self._cache.get("row_ids")
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        rows = np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths)
+        if self.frozen():
+            rows.flags.writeable = False
+            self._cache["row_ids"] = rows
+        return rows
 
 
 def token_range(batch: TokenBatch) -> tuple[int, int]:
@@ -218,13 +225,15 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return _owned(tokens, offsets)
+    batch = _owned(tokens, offsets)
+    if batch.frozen():  # known here: the cap check and the kernels read the lengths without a diff
+        lengths.flags.writeable = False
+        batch._cache["lengths"] = lengths
+    return batch
 
 
 def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
-    fast = _from_int_rows(sequences)
-    if fast is not None:
-        return fast
+    """Rows of ids one by one (arrays, tensors, numpy ints): what :func:`_from_int_rows` does not take."""
     arrays = [to_numpy(f"{name}[{i}]", row) for i, row in enumerate(sequences)]
     for i, row in enumerate(arrays):
         if row.ndim != 1:
@@ -300,7 +309,10 @@ def as_token_batch(
         batch = _from_rectangular(name, array)
     elif isinstance(sequences, Sequence):
         items: Sequence[object] = sequences
-        if len(items) and all(isinstance(item, str) for item in items):
+        fast = _from_int_rows(items)  # lists of Python ints, what trainers hand out: no scan for strings
+        if fast is not None:
+            batch = fast
+        elif len(items) and all(isinstance(item, str) for item in items):
             batch = _from_strings(items)  # type: ignore[arg-type]
         elif any(isinstance(item, (str, bytes)) for item in items):
             msg = f"`{name}` must be all strings or all token-id sequences, not a mix."

@@ -182,3 +182,17 @@ def test_a_signed_mask_outside_0_and_1_is_refused(mask_type, bad):
     mask = np.array([[1, bad, 0]], dtype=mask_type)
     with pytest.raises(InputError, match=re.escape(f"must hold only 0 and 1, got values in [{min(bad, 0)}, ")):
         TokenBatch.from_padded(np.array([[5, 6, 7]]), mask)
+
+
+def test_a_frozen_batch_keeps_its_row_ids_read_only_and_a_callers_batch_recounts_them():
+    batch = as_token_batch("ids", [[4, 5], [], [6, 6, 6]])
+    rows = batch.row_ids()
+    assert rows.tolist() == [0, 0, 2, 2, 2]
+    assert batch.row_ids() is rows  # every penalty target of the step reads the same array
+    with pytest.raises(ValueError, match="read-only"):
+        rows[0] = 1
+    offsets = batch.offsets.copy()  # arrays the caller still holds: derived afresh every time
+    mine = TokenBatch(tokens=batch.tokens.copy(), offsets=offsets)
+    assert mine.row_ids() is not mine.row_ids()
+    offsets[1] = 1
+    assert mine.row_ids().tolist() == [0, 1, 2, 2, 2]  # rows of 1, 1 and 3 tokens now
