@@ -18,6 +18,7 @@ counts are kept on the batch, so the per-row and pooled views of one batch cost 
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal, overload
 
 import numpy as np
@@ -33,6 +34,8 @@ EchoVerdict = Literal["OK", "WARN", "TRAP"]
 """Verdict of :func:`classify_echo`: ``OK`` < warn <= ``WARN`` < trap <= ``TRAP``."""
 
 _INT64_MAX = int(np.iinfo(np.int64).max)
+# Batches of up to this many tokens count their n-grams in Python (a short loop beats a dozen numpy calls).
+_PYTHON_TOKENS = 4096
 # Token ids are relabelled through a lookup table (O(tokens + max id), no sort) only when the table is small.
 _RELABEL_TABLE_MIN = 1 << 22
 
@@ -169,6 +172,8 @@ def _ngram_stats(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[
 
 
 def _count_ngrams(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    if len(batch.tokens) <= _PYTHON_TOKENS:
+        return _count_ngrams_in_python(batch, n)
     total = np.maximum(batch.lengths - (n - 1), 0)
     distinct = np.zeros(batch.n_rows, dtype=np.int64)
     if not total.any():
@@ -206,6 +211,27 @@ def _count_ngrams(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray
         matrix.sort(axis=1)
         distinct[members] = _count_distinct_sorted(matrix)
     return distinct, total, pooled
+
+
+def _count_ngrams_in_python(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64], NDArray[np.int64], int]:
+    """:func:`_count_ngrams` of a small batch, with Python sets of n-gram tuples (the same exact counts).
+
+    On a batch of a few thousand tokens, the sort's dozen numpy calls cost more than the counting itself.
+    """
+    tokens, offsets = batch.tokens.tolist(), batch.offsets.tolist()
+    distinct, total = [], []
+    pooled: set[tuple[int, ...]] = set()
+    for start, end in itertools.pairwise(offsets):
+        count = end - start - n + 1  # n-grams that lie inside the row
+        if count <= 0:
+            distinct.append(0)
+            total.append(0)
+            continue
+        grams = set(zip(*(tokens[start + j : start + j + count] for j in range(n)), strict=True))
+        distinct.append(len(grams))
+        total.append(count)
+        pooled |= grams
+    return np.array(distinct, dtype=np.int64), np.array(total, dtype=np.int64), len(pooled)
 
 
 def corpus_distinct(batch: TokenBatch, n: int) -> float:

@@ -10,7 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from loopguard.exceptions import ConfigError, InputError, LoopguardTypeError
-from loopguard.signals import TokenBatch, as_token_batch, classify_echo, distinct_n, ngram_repetition_rate
+from loopguard.signals import (
+    TokenBatch,
+    _repetition,
+    as_token_batch,
+    classify_echo,
+    distinct_n,
+    ngram_repetition_rate,
+)
 
 # --------------------------------------------------------------------------------------------------
 # independent reference: a plain Python loop over positions with a set of seen n-grams
@@ -177,9 +184,70 @@ def test_larger_ragged_batch_matches_naive() -> None:
         assert distinct_n(rows, n) == pytest.approx(naive_corpus_distinct(rows, n), rel=1e-12)
 
 
+@pytest.fixture(params=["python", "numpy"])
+def counting(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Count every batch in Python (small batches) or with numpy's sort (large ones), whatever its size."""
+    monkeypatch.setattr(_repetition, "_PYTHON_TOKENS", 1 << 40 if request.param == "python" else -1)
+    return str(request.param)
+
+
+def test_larger_ragged_batch_matches_naive_on_both_paths(counting: str) -> None:
+    rng = np.random.default_rng(11)
+    rows = [rng.integers(0, 9, size=int(length)).tolist() for length in rng.integers(0, 90, size=40)]
+    for n in (1, 2, 5):
+        np.testing.assert_allclose(
+            ngram_repetition_rate(rows, n, reduce="none"), naive_rates(rows, n), rtol=1e-12
+        )
+        assert distinct_n(rows, n) == pytest.approx(naive_corpus_distinct(rows, n), rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.sampled_from([0, 1, 2, 7, (1 << 40) + 3, (1 << 63) - 1]), max_size=12),
+        min_size=1,
+        max_size=9,
+    ),
+    n=st.integers(1, 6),
+)
+def test_python_and_numpy_counts_are_identical(rows: list[list[int]], n: int) -> None:
+    # the two ways of counting a batch's n-grams give the same integers, so the rates have the same bits
+    batch = as_token_batch("ids", rows)
+    in_python = _repetition._count_ngrams_in_python(batch, n)
+    saved = _repetition._PYTHON_TOKENS
+    _repetition._PYTHON_TOKENS = -1
+    try:
+        with_numpy = _repetition._count_ngrams(batch, n)
+    finally:
+        _repetition._PYTHON_TOKENS = saved
+    assert in_python[0].dtype == with_numpy[0].dtype == np.int64
+    assert in_python[0].tolist() == with_numpy[0].tolist()
+    assert in_python[1].tolist() == with_numpy[1].tolist()
+    assert in_python[2] == with_numpy[2]
+
+
+def test_small_batches_are_counted_in_python_and_large_ones_with_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    counted = _repetition._count_ngrams_in_python
+
+    def spy(batch: TokenBatch, n: int) -> object:
+        calls.append(len(batch.tokens))
+        return counted(batch, n)
+
+    monkeypatch.setattr(_repetition, "_count_ngrams_in_python", spy)
+    limit = _repetition._PYTHON_TOKENS
+    small, large = [[1, 2] * (limit // 2)], [[1, 2] * (limit // 2), [3]]
+    assert ngram_repetition_rate(small, 2) == naive_rates(small, 2)[0]
+    assert calls == [limit]  # as many tokens as the limit: Python
+    calls.clear()
+    rate = ngram_repetition_rate(large, 2, reduce="none")
+    assert calls == []  # one token over the limit: numpy's sort
+    assert rate.tolist() == naive_rates(large, 2)
+
+
 @pytest.mark.parametrize("n", [1, 2, 4, 8, 16, 25, 32])
 @pytest.mark.parametrize("scale", [1, 1 << 20, 1 << 59])
-def test_exact_for_long_ngrams_and_huge_token_ids(n: int, scale: int) -> None:
+def test_exact_for_long_ngrams_and_huge_token_ids(n: int, scale: int, counting: str) -> None:
     # Long n-grams over small and huge ids overflow int64 packing: the keys must be compressed, exactly.
     rng = np.random.default_rng(n)
     small = [rng.integers(0, 3, size=int(length)) for length in rng.integers(0, 70, size=12)]
