@@ -9,7 +9,7 @@ whole batch instead of looping in Python.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import attrs
@@ -104,8 +104,7 @@ class TokenBatch:
         np.cumsum(lengths, out=offsets[1:])
         batch = _owned(tokens, offsets)
         if batch.frozen():  # what the checks below and the kernels read, known here: not scanned again
-            lengths.flags.writeable = False
-            batch._cache["lengths"] = lengths
+            batch._keep("lengths", lengths)
             if tokens.size:
                 batch._cache["token_range"] = (int(tokens.min()), int(tokens.max()))
         return as_token_batch(name, batch)
@@ -137,25 +136,26 @@ class TokenBatch:
     @property
     def lengths(self) -> NDArray[np.int64]:
         """Number of tokens in each sequence (read-only and computed once for a :meth:`frozen` batch)."""
-        cached = self._cache.get("lengths")
-        if cached is not None:
-            return cached  # type: ignore[return-value]
-        lengths = np.diff(self.offsets)
-        if self.frozen():
-            lengths.flags.writeable = False
-            self._cache["lengths"] = lengths
-        return lengths
+        return self._kept("lengths", lambda: np.diff(self.offsets))
 
     def row_ids(self) -> NDArray[np.int64]:
         """Row index of every token, aligned with :attr:`tokens` (read-only and computed once when frozen)."""
-        cached = self._cache.get("row_ids")
+        return self._kept("row_ids", lambda: np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths))
+
+    def _kept(self, key: str, make: Callable[[], NDArray[np.int64]]) -> NDArray[np.int64]:
+        """The array kept under ``key`` on a frozen batch, made once; made afresh on any other batch."""
+        cached = self._cache.get(key)
         if cached is not None:
             return cached  # type: ignore[return-value]
-        rows = np.repeat(np.arange(self.n_rows, dtype=np.int64), self.lengths)
+        array = make()
         if self.frozen():
-            rows.flags.writeable = False
-            self._cache["row_ids"] = rows
-        return rows
+            self._keep(key, array)
+        return array
+
+    def _keep(self, key: str, array: NDArray[np.int64]) -> None:
+        """Keep ``array`` (made read-only) under ``key``; only for a frozen batch."""
+        array.flags.writeable = False
+        self._cache[key] = array
 
 
 def token_range(batch: TokenBatch) -> tuple[int, int]:
@@ -227,8 +227,7 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
     np.cumsum(lengths, out=offsets[1:])
     batch = _owned(tokens, offsets)
     if batch.frozen():  # known here: the cap check and the kernels read the lengths without a diff
-        lengths.flags.writeable = False
-        batch._cache["lengths"] = lengths
+        batch._keep("lengths", lengths)
     return batch
 
 
