@@ -10,6 +10,8 @@ The arms (:data:`ARMS`):
 * ``lg_no_reanchor`` -- ``lg_kl_control`` with re-anchoring off (``EscalationLadder(reanchor=False)``): a
   rollback restores the policy and leaves the KL reference at the initial model (the ablation of the
   ladder's ``reanchor`` default);
+* ``lg_no_collapse`` -- ``lg_kl_control`` without the ``collapse`` signal (the ablation of that default
+  signal, which corroborates a primary one at WARN: see ``docs/benchmarks.md``);
 * ``lg_log_only`` / ``lg_kl_control`` / ``lg_pid_rollback`` -- ``RewardHackMitigator`` in ``log_only``,
   ``kl_control`` and ``pid_lagrangian`` mode (the last two with the rollback ladder), from beta 0.001, with
   the *same* signals and settings in every scenario (:func:`loopguard_mitigator`).
@@ -67,6 +69,7 @@ ARMS: tuple[str, ...] = (
     "lg_pid_rollback",
     "lg_no_reference",
     "lg_no_reanchor",
+    "lg_no_collapse",
     "lg_default",
 )
 UNGUARDED = "fixed-0.001"
@@ -75,6 +78,7 @@ ONE_LINER = "lg_default"  # the bare RewardHackMitigator(): nothing configured
 # the log-only Guard with the reference sample off: what turning it off loses
 NO_REFERENCE = "lg_no_reference"
 NO_REANCHOR = "lg_no_reanchor"  # lg_kl_control with re-anchoring off: the ablation of that ladder default
+NO_COLLAPSE = "lg_no_collapse"  # lg_kl_control without the collapse signal: that default's ablation
 _LOOPGUARD_MODES = {
     "lg_log_only": "log_only",
     "lg_kl_control": "kl_control",
@@ -89,14 +93,17 @@ BATCH = 16  # completions per step: 2 prompts x 8 generations
 LEARNING_RATE = 3e-3
 
 
-def loopguard_mitigator(mode: str, *, reference: bool = True, reanchor: bool = True) -> RewardHackMitigator:
+def loopguard_mitigator(
+    mode: str, *, reference: bool = True, reanchor: bool = True, collapse: bool = True
+) -> RewardHackMitigator:
     """The one loopguard configuration used in every scenario (only the mode differs between arms).
 
     ``reference=False`` (log-only) turns the reference sample off, and with it ``takeover``, which needs it.
     The arms that act use the default escalation ladder and the mitigator's own rollback store (in memory
-    for these tiny policies); ``reanchor=False`` turns the ladder's re-anchoring off.
+    for these tiny policies); ``reanchor=False`` turns the ladder's re-anchoring off; ``collapse=False``
+    leaves the ``collapse`` signal out.
     """
-    signals: list[Any] = ["repetition", "diversity", "length", "collapse", "drift"]
+    signals: list[Any] = ["repetition", "diversity", "length", *(["collapse"] if collapse else []), "drift"]
     signals += [RMEnsemble(members=ENSEMBLE), "takeover"] if reference else [RMEnsemble(members=ENSEMBLE)]
     if mode == "log_only":
         return RewardHackMitigator(
@@ -232,6 +239,8 @@ def run_one(
             mitigator = loopguard_mitigator(_LOOPGUARD_MODES[arm])
         elif arm == NO_REANCHOR:
             mitigator = loopguard_mitigator("kl_control", reanchor=False)
+        elif arm == NO_COLLAPSE:
+            mitigator = loopguard_mitigator("kl_control", collapse=False)
         elif arm == NO_REFERENCE:
             mitigator = loopguard_mitigator("log_only", reference=False)
         if mitigator is not None:
