@@ -8,11 +8,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.goodhart.runner import (
+    ABLATION_ARMS,
     ARMS,
     FIXED_BETAS,
     LOOPGUARD_ARMS,
-    NO_COLLAPSE,
-    NO_REANCHOR,
     NO_REFERENCE,
     ONE_LINER,
     UNGUARDED,
@@ -276,8 +275,8 @@ def markdown(summary: dict[str, Any], header: str) -> str:
             if not rows:
                 continue
             acts = " / ".join(f"{_mean_std([r['actions'][a] for r in rows])[0]:.1f}" for a in ACTIONS)
-            guarded = arm in ("adaptive_kl", NO_REFERENCE, NO_REANCHOR, NO_COLLAPSE) or arm in LOOPGUARD_ARMS
-            detects = arm in (NO_REFERENCE, NO_REANCHOR, NO_COLLAPSE) or arm in LOOPGUARD_ARMS
+            detects = arm in ABLATION_ARMS or arm in LOOPGUARD_ARMS
+            guarded = detects or arm == "adaptive_kl"
             overhead = (
                 f"{_mean(rows, 'loopguard_ms_per_step'):.2f} ({_mean(rows, 'loopguard_share'):.1%})"
                 if guarded

@@ -79,6 +79,7 @@ ONE_LINER = "lg_default"  # the bare RewardHackMitigator(): nothing configured
 NO_REFERENCE = "lg_no_reference"
 NO_REANCHOR = "lg_no_reanchor"  # lg_kl_control with re-anchoring off: the ablation of that ladder default
 NO_COLLAPSE = "lg_no_collapse"  # lg_kl_control without the collapse signal: that default's ablation
+ABLATION_ARMS = (NO_REFERENCE, NO_REANCHOR, NO_COLLAPSE)  # loopguard arms with one part turned off
 _LOOPGUARD_MODES = {
     "lg_log_only": "log_only",
     "lg_kl_control": "kl_control",
