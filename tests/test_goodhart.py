@@ -270,3 +270,24 @@ def test_a_tiny_benchmark_run_writes_json_table_and_plot(tmp_path, capsys):
     again = tmp_path / "again"
     assert main(["--from-json", str(tmp_path / "goodhart.json"), "--out", str(again), "--no-plots"]) == 0
     assert (again / "goodhart.md").read_text().splitlines()[1:] == table.splitlines()[1:]
+    # a fixed-beta sweep and the loopguard arms run apart merge into the one table (each run from one file)
+    payload = json.loads((tmp_path / "goodhart.json").read_text())
+    parts = []
+    for arm in arms:
+        part = tmp_path / f"{arm}.json"
+        part.write_text(json.dumps({**payload, "runs": [run for run in payload["runs"] if run["arm"] == arm]}))
+        parts.append(str(part))
+    merged = tmp_path / "merged"
+    assert main(["--from-json", *parts, "--out", str(merged), "--no-plots"]) == 0
+    header, *rows = (merged / "goodhart.md").read_text().splitlines()
+    assert rows == table.splitlines()[1:]
+    assert header.startswith("Goodhart benchmark, 2 files merged (")
+    assert "-- 2 runs of 24 GRPO steps" in header
+    assert json.loads((merged / "goodhart.json").read_text())["sources"] == parts
+    with pytest.raises(SystemExit, match=r"clean / lg_log_only / seed 0 is in both .*lg_log_only\.json and"):
+        main(["--from-json", parts[1], str(tmp_path / "goodhart.json"), "--out", str(merged), "--no-plots"])
+    longer = json.loads((tmp_path / "lg_log_only.json").read_text())
+    longer["runs"][0]["steps"] = 48
+    (tmp_path / "longer.json").write_text(json.dumps(longer))
+    with pytest.raises(SystemExit, match=r"runs of different lengths \(\[24, 48\] steps\)"):
+        main(["--from-json", parts[0], str(tmp_path / "longer.json"), "--out", str(merged), "--no-plots"])

@@ -4,6 +4,10 @@ Every (scenario, arm, seed) is one GRPO run (see ``runner.py``), run in a pool o
 of one thread each. Writes ``goodhart.json`` (every run's per-step record and metrics), ``goodhart.md`` (the
 table and the targets) and ``goodhart_<scenario>.png`` (gold / proxy / beta over steps) to ``--out``
 (default ``benchmarks/results/goodhart``).
+
+``--from-json FILE [FILE ...]`` rebuilds them without training: from one ``goodhart.json``, or from several
+merged into one table (the fixed-beta sweep run once, the loopguard arms rerun after a change: the targets'
+ratios to the best fixed beta need both), each (scenario, arm, seed) in one file and every run of one length.
 """
 
 from __future__ import annotations
@@ -55,11 +59,50 @@ def _write(out: str, runs: list[dict[str, Any]], header: str, payload: dict[str,
     return table
 
 
-def _rebuild(path: str, out: str, *, plots: bool) -> int:
-    with open(path, encoding="utf-8") as handle:
-        payload = json.load(handle)
-    runs = payload.pop("runs")
-    payload.pop("summary", None)
+def _load(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The runs of one or several ``goodhart.json`` files, and the payload that describes them.
+
+    Several files are merged into one table (a fixed-beta sweep run once, the loopguard arms rerun after a
+    change): each (scenario, arm, seed) must come from one file only, and every run must have the same
+    number of steps, or the final-gold means would compare different things.
+    """
+    runs: list[dict[str, Any]] = []
+    payloads: list[dict[str, Any]] = []
+    origin: dict[tuple[str, str, int], str] = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as handle:
+            payload = json.load(handle)
+        for run in payload.pop("runs"):
+            key = (run["scenario"], run["arm"], run["seed"])
+            if key in origin:
+                raise SystemExit(
+                    f"--from-json: the run {key[0]} / {key[1]} / seed {key[2]} is in both {origin[key]} and "
+                    f"{path}; give each (scenario, arm, seed) once."
+                )
+            origin[key] = path
+            runs.append(run)
+        payload.pop("summary", None)
+        payloads.append(payload)
+    steps = sorted({run["steps"] for run in runs})
+    if len(steps) > 1:
+        raise SystemExit(f"--from-json: the files hold runs of different lengths ({steps} steps); merge runs "
+                         "of one length.")  # fmt: skip
+    if len(payloads) == 1:
+        return runs, payloads[0]
+    commands = "; ".join(f"`{payload.get('command', '?')}`" for payload in payloads)
+    seeds = len({run["seed"] for run in runs})
+    minutes = sum(payload.get("seconds", 0) for payload in payloads) / 60
+    header = (
+        f"Goodhart benchmark, {len(paths)} files merged ({commands}) -- {len(runs)} runs of {steps[0]} GRPO "
+        f"steps, {seeds} seeds, {minutes:.1f} min in all. Values are mean +- std over seeds."
+    )
+    payload = {"command": commands, "header": header, "seconds": minutes * 60, "seeds": seeds,
+               "steps": steps[0], "sources": list(paths)}  # fmt: skip
+    return runs, payload
+
+
+def _rebuild(paths: list[str], out: str, *, plots: bool) -> int:
+    runs, payload = _load(paths)
     header = payload.get("header") or (
         f"Goodhart benchmark: `{payload.get('command', '?')}` -- {len(runs)} runs of {payload.get('steps')} "
         f"GRPO steps, {payload.get('seeds')} seeds, {payload.get('seconds', 0) / 60:.1f} min. Values are "
@@ -86,7 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=os.path.join("benchmarks", "results", "goodhart"), help="output dir")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
-        "--from-json", default=None, metavar="FILE", help="rebuild table, plots from a JSON; no runs"
+        "--from-json",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="rebuild table, plots from one goodhart.json, or merge several (each run in one file); no runs",
     )
     options = parser.parse_args(argv)
     if options.from_json is not None:
