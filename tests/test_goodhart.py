@@ -291,3 +291,24 @@ def test_a_tiny_benchmark_run_writes_json_table_and_plot(tmp_path, capsys):
     (tmp_path / "longer.json").write_text(json.dumps(longer))
     with pytest.raises(SystemExit, match=r"runs of different lengths \(\[24, 48\] steps\)"):
         main(["--from-json", parts[0], str(tmp_path / "longer.json"), "--out", str(merged), "--no-plots"])
+
+
+def test_the_ratio_to_the_best_fixed_beta_carries_the_standard_error_of_the_difference():
+    def seeds(*golds):
+        return [_rows(gold, seed=seed)[0] for seed, gold in enumerate(golds)]
+
+    grouped = {
+        "diversity": {
+            "fixed-0.03": seeds(0.70, 0.74),
+            "fixed-0.1": seeds(0.88, 0.90),  # the best: mean 0.89, std 0.01414
+            "lg_kl_control": seeds(0.85, 0.89),  # mean 0.87, std 0.02828
+            "lg_default": _rows(0.95),  # one seed: no spread to quote
+        }
+    }
+    holds = {(row["scenario"], row["target"]): row for row in analysis.targets(grouped)}
+    best = "final gold >= 1.0 x the best fixed beta (fixed-0.1)"
+    kl = holds[("diversity", f"lg_kl_control {best}")]
+    # sqrt(0.02828^2 / 2 + 0.01414^2 / 2) = sqrt(0.0004 + 0.0001) = 0.02236
+    assert kl["value"] == "0.870 vs 0.890 (ratio 0.98; difference -0.020 +- 0.022 s.e.)"
+    assert kl["holds"] is False  # within a standard error is still below: the target is the mean
+    assert holds[("diversity", f"lg_default {best}")]["value"] == "0.950 vs 0.890 (ratio 1.07)"

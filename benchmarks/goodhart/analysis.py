@@ -167,6 +167,21 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return _mean_std([row[key] for row in rows])[0]
 
 
+def _difference_error(rows: list[dict[str, Any]], other: list[dict[str, Any]]) -> float | None:
+    """The standard error of the difference of two arms' mean final gold (Welch's); None below 2 seeds each.
+
+    How far a ratio to the best fixed beta could move with other seeds: the best fixed beta is picked in
+    hindsight among five, so its own mean is, if anything, flattered by its seeds.
+    """
+    spreads = []
+    for chosen in (rows, other):
+        _, std, count = _mean_std([row["final_gold"] for row in chosen])
+        if count < 2:
+            return None
+        spreads.append(std * std / count)
+    return math.sqrt(sum(spreads))
+
+
 def targets(grouped: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
     """Each target of the issue, per scenario: the numbers and whether it holds."""
     out: list[dict[str, Any]] = []
@@ -186,8 +201,12 @@ def targets(grouped: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[st
                     continue
                 gold = _mean(arms[arm], "final_gold")
                 ratio = gold / oracle if oracle > 0 else math.inf
-                add(scenario, f"{arm} final gold >= 1.0 x the best fixed beta ({oracle_arm})",
-                    f"{gold:.3f} vs {oracle:.3f} (ratio {ratio:.2f})", gold >= oracle)  # fmt: skip
+                value = f"{gold:.3f} vs {oracle:.3f} (ratio {ratio:.2f}"
+                spread = _difference_error(arms[arm], arms[oracle_arm])
+                if spread is not None:
+                    value += f"; difference {gold - oracle:+.3f} +- {spread:.3f} s.e."
+                add(scenario, f"{arm} final gold >= 1.0 x the best fixed beta ({oracle_arm})", value + ")",
+                    gold >= oracle)  # fmt: skip
             if UNGUARDED in arms:
                 gold = _mean(arms[UNGUARDED], "final_gold")
                 add(scenario, "unguarded final gold <= 0.5 x oracle", f"{gold:.3f} vs {0.5 * oracle:.3f}",
