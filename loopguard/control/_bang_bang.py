@@ -44,8 +44,9 @@ class BangBangState(JSONState):
         steps_above: Consecutive updates with ``vote >= trip_band`` (0 after any other vote).
         steps_below: Consecutive updates with ``vote <= release_band`` (0 after any other vote).
         floor_beta: The remembered beta that last held a hack off (beta at the first relaxing step after
-            a trip), decaying toward ``base_beta``; relaxing never goes below it. None when there is no
-            memory (never tripped, memory off, or decayed back to ``base_beta``).
+            a trip; when that was the ceiling, at most the beta sized to the run then), decaying toward
+            ``base_beta``; relaxing never goes below it. None when there is no memory (never tripped, memory
+            off, or decayed back to ``base_beta``).
         raise_kl: The measured KL to the reference at the last raise while tripped (what ``hold_receding``
             compares with), or None (untripped, or no KL measured at that raise).
         raise_step: ``step`` just after the last raise while tripped, or None (untripped, or relaxing since).
@@ -137,7 +138,10 @@ class BangBang(KLControllerBase[BangBangState]):
       and the floor decays toward :math:`\beta_0` by half every :math:`h` healthy steps. So beta relaxes
       slowly from the level that worked instead of falling back to the user's beta, where the flaw pays
       again (a limit cycle of trips and releases). A new trip that holds at a higher beta resets the floor
-      there. ``memory_half_life=0`` relaxes all the way down by the gain, as the first release did.
+      there. A trip held off only at the ceiling ran out of room rather than measured the beta that holds:
+      its floor is at most the first raise's sized beta :math:`\beta^\star` at that step's KL (the ceiling
+      when it cannot be sized). ``memory_half_life=0`` relaxes all the way down by the gain, as the first
+      release did.
     * **No wind-up while the hack recedes** (``hold_receding``). Once tripped, a raise needs evidence that
       the beta in force is not enough. The step right after a raise never has it: its batch (and its KL)
       come from a policy the trainer updated before the raise, so that step holds. After that, a KL to the
@@ -265,10 +269,13 @@ class BangBang(KLControllerBase[BangBangState]):
                 move = self._raise(state.beta, vote, steps_above, sized)
                 raise_kl, raise_step = signal.kl, state.step + 1
         elif below and state.tripped and steps_below >= self.release_patience:
+            capped = None
             if self.memory_half_life > 0:
                 floor = self._remember(state, steps_below)
+                if floor is not None and steps_below == self.release_patience and floor >= self.beta_ceil:
+                    floor, capped = self._uncensored(state, signal)
             remember = True  # the trip the forgetting fell in is over: a new one is remembered as usual
-            move = self._relax(state, vote, steps_below, allow_lower, floor)
+            move = self._relax(state, vote, steps_below, allow_lower, floor, capped)
             raise_kl = raise_step = None  # the raised beta held the hack off: a new trip starts afresh
         else:
             move = _Move(
@@ -402,10 +409,41 @@ class BangBang(KLControllerBase[BangBangState]):
         floor = base + (state.floor_beta - base) * 0.5 ** (1.0 / self.memory_half_life)
         return None if floor - base <= _SNAP * base else floor
 
+    def _uncensored(self, state: BangBangState, signal: ControlInput) -> tuple[float | None, str | None]:
+        """The floor of a trip held off at the ceiling: at most the beta sized to the run, and why.
+
+        A trip that reached the ceiling ran out of room: the ceiling held the hack off, but it is a bound of
+        the controller, not a measure of the lowest beta that would have (the raises before it came one gain
+        step at a time, each waiting for the last to show). Remembered, it would hold the policy next to the
+        reference for many half-lives. So the floor is at most the beta sized for a first raise at this
+        step's KL (``size_fraction`` of the reward's push), the strongest response the run's own scale asks
+        for; without a KL or an advantage scale, the ceiling stands.
+        """
+        sized = self._sized(signal)
+        if sized is None or sized[0] >= state.beta:
+            return state.beta, None
+        base = state.base_beta
+        floor = sized[0] if sized[0] > base else None
+        why = (
+            f"the ceiling {fmt_beta(state.beta)} held the hack off, and the remembered beta is at most the "
+            f"one sized to the run, {fmt_beta(max(sized[0], base))} ({sized[1]})"
+        )
+        return floor, why
+
     def _relax(
-        self, state: BangBangState, vote: float, steps_below: int, allow_lower: bool, floor: float | None
+        self,
+        state: BangBangState,
+        vote: float,
+        steps_below: int,
+        allow_lower: bool,
+        floor: float | None,
+        capped: str | None = None,
     ) -> _Move:
-        """Divide beta by the gain, down to the remembered floor or the user's beta (or hold)."""
+        """Divide beta by the gain, down to the remembered floor or the user's beta (or hold).
+
+        ``capped``: why the floor of a trip held off at the ceiling is lower than the ceiling (said once, on
+        the trip's first relaxing step).
+        """
         before, base = state.beta, state.base_beta
         relaxed = snap_to_base(max(base if floor is None else floor, before / self.gain), base)
         why = f"vote {vote:.2f} <= release {self.release_band:g}"
@@ -414,7 +452,18 @@ class BangBang(KLControllerBase[BangBangState]):
                 f"held beta {fmt_beta(before)}: {why} for {steps_text(steps_below)}, "
                 "but lowering is not allowed now (cooldown after a rollback)"
             )
+            if capped is not None:
+                reason += f"; {capped}"
             return _Move(before, state.tripped, relaxed < before, reason)
+        if capped is not None:
+            lowered = f"lowered beta {fmt_beta(before)} -> {fmt_beta(relaxed)}"
+            reason = f"{lowered}: {why} for {steps_text(steps_below)}; {capped}"
+            if floor is not None:
+                reason += (
+                    f"; it halves its distance to the starting beta {fmt_beta(base)} every "
+                    f"{self.memory_half_life:g} healthy steps"
+                )
+            return _Move(relaxed, relaxed > base, False, reason)
         if relaxed == before:
             if floor is not None:
                 text = f"held beta {fmt_beta(before)}: {why} for {steps_text(steps_below)}"

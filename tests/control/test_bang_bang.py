@@ -493,6 +493,44 @@ def test_memory_holds_the_beta_that_held_the_hack_off_and_decays_by_half_per_hal
     assert classic[8].beta == pytest.approx(0.01)  # without memory: back at the user's beta by the gain
 
 
+def test_a_trip_held_off_only_at_the_ceiling_remembers_at_most_the_sized_beta():
+    """The ceiling is the controller's bound, not the beta that held: the floor is capped at the run's sized beta."""
+    ctl = BangBang(gain=2.0, release_patience=2, memory_half_life=10, hold_receding=False)
+
+    def trip_to_the_ceiling(healthy_kl):
+        state, outputs = ctl.init(0.01), []
+        hacking = ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0)
+        for signal in [hacking] * 4 + [ControlInput(vote=0.0, kl=healthy_kl, advantage_scale=1.0)] * 2:
+            out, state = ctl.update(state, signal)
+            outputs.append(out)
+        return outputs, state
+
+    outputs, state = trip_to_the_ceiling(0.5)
+    # the trip: sized 0.5 / sqrt(2 * 2) = 0.25, then gain steps 0.5 and 1.0 (the ceiling)
+    assert [o.beta for o in outputs[:4]] == pytest.approx([0.01, 0.25, 0.5, 1.0])
+    # held off at the ceiling; at the healthy KL 0.5 the sized beta is 0.5 / sqrt(2 * 0.5) = 0.5
+    assert state.floor_beta == pytest.approx(0.5)
+    assert outputs[5].beta == pytest.approx(0.5)
+    assert outputs[5].reason == (
+        "lowered beta 1 -> 0.5: vote 0.00 <= release 0.1 for 2 steps; the ceiling 1 held the hack off, and the "
+        "remembered beta is at most the one sized to the run, 0.5 (sized so that the KL pull beta*sqrt(2*KL) "
+        "is 0.5 x the advantage scale 1 at the measured KL 0.5 nats/token); it halves its distance to the "
+        "starting beta 0.01 every 10 healthy steps"
+    )
+    # a healthy KL that sizes to the ceiling, or no KL at all: the ceiling stays the floor
+    assert trip_to_the_ceiling(0.01)[1].floor_beta == 1.0
+    state = ctl.init(0.01)
+    for signal in [ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0)] * 4 + [ControlInput(vote=0.0)] * 2:
+        _, state = ctl.update(state, signal)
+    assert state.floor_beta == 1.0
+    # a trip held off below the ceiling keeps its beta, whatever the KL sizes to
+    state = ctl.init(0.01)
+    for signal in [ControlInput(vote=0.9, kl=2.0, advantage_scale=1.0)] * 3 + [ControlInput(vote=0.0, kl=8.0,
+                   advantage_scale=1.0)] * 2:  # fmt: skip
+        _, state = ctl.update(state, signal)
+    assert state.floor_beta == pytest.approx(0.5)
+
+
 def test_forget_drops_the_floor_and_the_trip_in_progress_and_a_later_trip_is_remembered():
     """A penalty switched on mid-trip (forget): the trip's beta, raised against the old pay and again while the
     hack lasts, relaxes by the gain; a hack back with the penalty in force trips again, and the beta that
