@@ -44,6 +44,10 @@ class Runs:
 
     def __init__(self, names: list[str], folder: pathlib.Path) -> None:
         self.folder = folder
+        # the environment is read here, in pytest's thread: pytest sets and deletes PYTEST_CURRENT_TEST in
+        # os.environ as tests start and end, and copying os.environ in a worker thread meanwhile can find a
+        # key listed and then gone (a KeyError that failed a CI run)
+        self._environ = dict(os.environ)
         order = sorted(names, key=lambda name: name != "multi_gpu.py")  # the longest first
         self._pool = ThreadPoolExecutor(max_workers=WORKERS)
         self._futures = {name: self._pool.submit(self._run, name) for name in order}
@@ -51,7 +55,7 @@ class Runs:
     def _run(self, name: str) -> subprocess.CompletedProcess[str]:
         folder = self.folder / name.removesuffix(".py")
         folder.mkdir()
-        env = dict(os.environ)
+        env = dict(self._environ)
         env.update(
             HF_HUB_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
