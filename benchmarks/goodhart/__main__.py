@@ -60,7 +60,7 @@ def _write(out: str, runs: list[dict[str, Any]], header: str, payload: dict[str,
 
 
 def _load(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The runs of one or several ``goodhart.json`` files, and the payload that describes them.
+    """The runs of one or several ``goodhart.json`` files, and the payload (with its header) about them.
 
     Several files are merged into one table (a fixed-beta sweep run once, the loopguard arms rerun after a
     change): each (scenario, arm, seed) must come from one file only, and every run must have the same
@@ -88,7 +88,13 @@ def _load(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         raise SystemExit(f"--from-json: the files hold runs of different lengths ({steps} steps); merge runs "
                          "of one length.")  # fmt: skip
     if len(payloads) == 1:
-        return runs, payloads[0]
+        payload = payloads[0]
+        payload["header"] = payload.get("header") or (
+            f"Goodhart benchmark: `{payload.get('command', '?')}` -- {len(runs)} runs of {steps[0]} GRPO "
+            f"steps, {payload.get('seeds')} seeds, {payload.get('seconds', 0) / 60:.1f} min. Values are mean "
+            "+- std over seeds."
+        )
+        return runs, payload
     commands = "; ".join(f"`{payload.get('command', '?')}`" for payload in payloads)
     seeds = len({run["seed"] for run in runs})
     minutes = sum(payload.get("seconds", 0) for payload in payloads) / 60
@@ -103,12 +109,7 @@ def _load(paths: list[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def _rebuild(paths: list[str], out: str, *, plots: bool) -> int:
     runs, payload = _load(paths)
-    header = payload.get("header") or (
-        f"Goodhart benchmark: `{payload.get('command', '?')}` -- {len(runs)} runs of {payload.get('steps')} "
-        f"GRPO steps, {payload.get('seeds')} seeds, {payload.get('seconds', 0) / 60:.1f} min. Values are "
-        "mean +- std over seeds."
-    )
-    print(_write(out, runs, header, payload, plots))
+    print(_write(out, runs, payload["header"], payload, plots))
     return 0
 
 

@@ -455,15 +455,6 @@ class BangBang(KLControllerBase[BangBangState]):
             if capped is not None:
                 reason += f"; {capped}"
             return _Move(before, state.tripped, relaxed < before, reason)
-        if capped is not None:
-            lowered = f"lowered beta {fmt_beta(before)} -> {fmt_beta(relaxed)}"
-            reason = f"{lowered}: {why} for {steps_text(steps_below)}; {capped}"
-            if floor is not None:
-                reason += (
-                    f"; it halves its distance to the starting beta {fmt_beta(base)} every "
-                    f"{self.memory_half_life:g} healthy steps"
-                )
-            return _Move(relaxed, relaxed > base, False, reason)
         if relaxed == before:
             if floor is not None:
                 text = f"held beta {fmt_beta(before)}: {why} for {steps_text(steps_below)}"
@@ -473,13 +464,16 @@ class BangBang(KLControllerBase[BangBangState]):
         reason = (
             f"lowered beta {fmt_beta(before)} -> {fmt_beta(relaxed)}: {why} for {steps_text(steps_below)}"
         )
-        if relaxed == base:
+        halving = (
+            f"halves its distance to the starting beta {fmt_beta(base)} every {self.memory_half_life:g} "
+            "healthy steps"
+        )
+        if capped is not None:  # said whatever the relaxed beta: the floor is not the beta that held
+            reason += f"; {capped}" + ("" if floor is None else f"; it {halving}")
+        elif relaxed == base:
             reason += "; back at the starting beta, released"
         elif floor is not None and relaxed == floor:
-            reason += (
-                f"; following the remembered beta that held the hack off, which halves its distance to the "
-                f"starting beta {fmt_beta(base)} every {self.memory_half_life:g} healthy steps"
-            )
+            reason += f"; following the remembered beta that held the hack off, which {halving}"
         return _Move(relaxed, relaxed > base, False, reason)
 
     def _hold_reason(self, state: BangBangState, vote: float, steps_above: int, steps_below: int) -> str:
