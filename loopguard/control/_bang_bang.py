@@ -49,7 +49,9 @@ class BangBangState(JSONState):
             off, or decayed back to ``base_beta``).
         raise_kl: The measured KL to the reference at the last raise while tripped (what ``hold_receding``
             compares with), or None (untripped, or no KL measured at that raise).
-        raise_step: ``step`` just after the last raise while tripped, or None (untripped, or relaxing since).
+        raise_step: ``step`` just after the last raise while tripped, or None (untripped, or relaxing or
+            rolled back since): a tripped state with None is relaxing, and needs ``dwell_steps`` high votes
+            in a row to raise again.
         remember: Whether the beta at this trip's first relaxing step may become the floor. False from
             :meth:`BangBang.forget` on a tripped controller (the flaw's pay changed, and the beta raised in
             this trip answered the old pay) to that first relaxing step; a later trip (the hack back under
@@ -115,13 +117,16 @@ class BangBang(KLControllerBase[BangBangState]):
 
         \beta_{t+1} =
         \begin{cases}
-            \min(\beta_{ceil},\ g\,\beta_t) & \text{tripped and } v_t \ge \tau_{trip} \\
+            \min(\beta_{ceil},\ g\,\beta_t) & \text{raising and } v_t \ge \tau_{trip}
+                \text{, or relaxing and } a_t \ge \text{dwell\_steps} \\
             \max(\beta_0,\ \beta_t / g) & \text{tripped and } b_t \ge \text{release\_patience} \\
             \beta_t & \text{otherwise}
         \end{cases}
 
-    where :math:`\beta_0` is the user's starting beta (``init(base_beta)``) and :math:`g` the gain. It
-    untrips when beta is back at :math:`\beta_0`. Two refinements make the first response count and keep
+    where :math:`\beta_0` is the user's starting beta (``init(base_beta)``) and :math:`g` the gain. A trip
+    is *raising* from the raise that trips it to its first relaxing step or a rollback, and *relaxing* from
+    then on: one noisy batch raises a relaxing beta no more than it trips a resting one. It untrips when
+    beta is back at :math:`\beta_0`. Two refinements make the first response count and keep
     a flaw that keeps paying from coming back:
 
     * **A first raise sized to the run** (``size_fraction`` :math:`f > 0`). The raise that trips the
@@ -173,8 +178,8 @@ class BangBang(KLControllerBase[BangBangState]):
     Args:
         trip_band: Vote at or above which a step counts as hacking, in (0, 1]. Default 0.30.
         release_band: Vote at or below which a step counts as healthy, in [0, trip_band). Default 0.10.
-        dwell_steps: Consecutive hacking votes needed to trip (>= 1). Default 2, so one noisy batch never
-            trips.
+        dwell_steps: Consecutive hacking votes needed to trip, and to raise a relaxing beta again (>= 1).
+            Default 2, so one noisy batch never trips, nor raises beta on its way down.
         release_patience: Consecutive healthy votes before beta starts relaxing (>= 1). Default 3.
         gain: Multiplicative step, > 1. Default 1.5 (about 8 raises from 0.04 to the 1.0 ceiling).
         beta_floor: Smallest beta any state may hold, > 0. Default 1e-6. ``base_beta`` must be >= it.
@@ -260,7 +265,8 @@ class BangBang(KLControllerBase[BangBangState]):
         raise_kl, raise_step = (state.raise_kl, state.raise_step) if state.tripped else (None, None)
         remember = state.remember
         receding = None
-        if above and (state.tripped or steps_above >= self.dwell_steps):
+        raising = state.tripped and state.raise_step is not None  # a trip between its raise and relaxing
+        if above and (raising or steps_above >= self.dwell_steps):
             receding = self._receding(state, signal, steps_above)
             if receding is not None:
                 move = _Move(state.beta, True, False, receding)
@@ -481,9 +487,10 @@ class BangBang(KLControllerBase[BangBangState]):
         before, v = fmt_beta(state.beta), f"{vote:.2f}"
         trip, rel = f"{self.trip_band:g}", f"{self.release_band:g}"
         if steps_above:
+            needed = "raise again" if state.tripped else "trip"
             return (
                 f"held beta {before}: vote {v} >= trip {trip} for {steps_above} of "
-                f"{self.dwell_steps} steps needed to trip"
+                f"{self.dwell_steps} steps needed to {needed}"
             )
         if steps_below and state.tripped:
             return (

@@ -28,20 +28,27 @@ def reference_betas(
     allow=None,
     dead_time=False,
 ):
-    """Bang-bang written from the spec as plainly as possible (``dead_time``: no raise right after a raise)."""
+    """Bang-bang written from the spec as plainly as possible (``dead_time``: no raise right after a raise).
+
+    A trip raises on every high vote until its first relaxing step (blocked or not); from then on, as before
+    the trip, a raise needs ``dwell`` high votes in a row.
+    """
     beta, tripped, high_run, low_run, out, raised = base, False, 0, 0, [], -2
+    raising = False
     for k, vote in enumerate(votes):
         allow_lower = True if allow is None else allow[k]
         high_run = high_run + 1 if vote >= trip else 0
         low_run = low_run + 1 if vote <= release else 0
-        if vote >= trip and (tripped or high_run >= dwell):
+        if vote >= trip and (raising or high_run >= dwell):
             if not (dead_time and tripped and raised == k - 1 and beta < ceil):
-                tripped, raised = True, k
+                tripped, raised, raising = True, k, True
                 beta = min(ceil, beta * gain)
-        elif vote <= release and tripped and low_run >= patience and allow_lower:
-            beta = beta / gain
-            if beta <= base * (1 + 1e-9):
-                beta, tripped = base, False
+        elif vote <= release and tripped and low_run >= patience:
+            raising = False
+            if allow_lower:
+                beta = beta / gain
+                if beta <= base * (1 + 1e-9):
+                    beta, tripped = base, False
         out.append(beta)
     return out
 
@@ -656,6 +663,24 @@ def test_a_new_trip_after_relaxing_is_not_held_by_an_old_raise():
     out, state = ctl.update(state, ControlInput(vote=0.9, kl=0.2))  # the flaw pays again at a lower KL
     assert out.direction == "raise"
     assert out.beta == pytest.approx(before * 1.5)
+
+
+def test_once_relaxing_one_noisy_batch_does_not_raise_again_but_two_in_a_row_do():
+    # the dwell that keeps one noisy batch from tripping also guards a relaxing beta: a trip raises on each
+    # high vote until its first relaxing step, then a raise needs dwell_steps high votes in a row again
+    ctl = BangBang(memory_half_life=0, size_fraction=0)
+    votes = [0.5, 0.5, 0.2, 0.5, 0.05, 0.05, 0.05, 0.5, 0.05, 0.5, 0.5]
+    outputs, states = run(ctl, votes, 0.01)
+    # dwell 1 of 2; trip (x1.5); band; still raising (x1.5); 3 healthy steps: relax (/1.5); one high vote:
+    # hold; healthy; two high votes in a row: raise again
+    expected = [0.01, 0.015, 0.015, 0.0225, 0.0225, 0.0225, 0.015, 0.015, 0.015, 0.015, 0.0225]
+    assert [o.beta for o in outputs] == pytest.approx(expected)
+    assert states[7].tripped
+    assert outputs[7].reason == (
+        "held beta 0.015: vote 0.50 >= trip 0.3 for 1 of 2 steps needed to raise again"
+    )
+    assert outputs[10].direction == "raise"
+    assert [o.beta for o in outputs] == pytest.approx(reference_betas(votes, 0.01))
 
 
 def test_at_the_ceiling_the_hold_is_the_ceilings():
