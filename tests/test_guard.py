@@ -269,6 +269,34 @@ def test_after_a_rollback_beta_rises_again_on_a_kl_below_the_hacked_policys():
     assert after.count("raise_beta") >= 2, after
 
 
+def test_a_relaxing_beta_waits_for_two_hacking_steps_in_a_row_and_says_so():
+    # the controller's dwell guards a beta on its way down as it guards one at rest: the first hacking step
+    # after relaxing began holds, with the reason in the explanation; the second raises
+    rng = np.random.default_rng(3)
+    guard = Guard(beta=0.01, ladder=EscalationLadder(rollback_patience=50, stop_patience=50))
+    run(guard, [healthy(step, rng) for step in range(25)])
+    decisions = run(guard, [looping(step, rng) for step in range(25, 29)])
+    assert "raise_beta" in [d.action for d in decisions]
+    step, relaxing = 29, []
+    while len(relaxing) < 4:  # healthy batches until beta has relaxed four times
+        assert step < 60, "beta never relaxed"
+        decision = guard.step(healthy(step, rng))
+        if decision.action == "lower_beta":
+            relaxing.append(decision)
+        step += 1
+    hacking = [guard.step(looping(step + k, rng)) for k in range(2)]
+    hacking += [guard.step(healthy(step + 2, rng))]
+    held = next(d for d in hacking if d.verdict == "HACK")
+    assert held.action == "none"
+    assert held.beta_after == held.beta_before <= relaxing[-1].beta_after  # held where relaxing had got to
+    assert held.components["controller.held_dwell"] == 1.0
+    assert "steps needed to raise again." in held.explanation
+    raised = hacking[hacking.index(held) + 1]
+    assert raised.verdict == "HACK"
+    assert raised.action == "raise_beta"
+    assert raised.beta_after == pytest.approx(held.beta_after * 1.5)
+
+
 def test_ladder_stops_without_rollback_when_no_checkpoint():
     rng = np.random.default_rng(7)
     guard = Guard(beta=0.01, ladder=EscalationLadder(rollback_patience=2, stop_patience=2))

@@ -172,8 +172,9 @@ class BangBang(KLControllerBase[BangBangState]):
     step into a hold: the counters still advance, so the first allowed low vote after the cooldown relaxes at
     once. ``output.components`` holds ``vote``, ``trip_band``, ``release_band``, ``steps_above``,
     ``steps_below``, ``gain``, ``base_beta``, ``tripped`` (1.0/0.0), ``lower_blocked`` (1.0 when
-    ``allow_lower=False`` turned a relaxing step into a hold), ``floor_beta`` and ``held_receding`` (1.0 when
-    a hacking vote held beta instead of raising it).
+    ``allow_lower=False`` turned a relaxing step into a hold), ``floor_beta``, ``held_receding`` (1.0 when
+    a hacking vote held beta instead of raising it while the hack recedes) and ``held_dwell`` (1.0 when a
+    relaxing trip held a hacking vote short of ``dwell_steps`` in a row).
 
     Args:
         trip_band: Vote at or above which a step counts as hacking, in (0, 1]. Default 0.30.
@@ -313,6 +314,7 @@ class BangBang(KLControllerBase[BangBangState]):
             "lower_blocked": float(move.blocked),
             "floor_beta": state.base_beta if floor is None else floor,
             "held_receding": float(receding is not None),
+            "held_dwell": float(above and state.tripped and not raising and steps_above < self.dwell_steps),
         }
         return ControlOutput.step(state.beta, move.beta, components, move.reason), new_state
 

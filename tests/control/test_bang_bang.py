@@ -124,6 +124,7 @@ def test_components_explain_the_step():
         "lower_blocked": 0.0,
         "floor_beta": 0.01,
         "held_receding": 0.0,
+        "held_dwell": 0.0,
     }
 
 
@@ -679,6 +680,7 @@ def test_once_relaxing_one_noisy_batch_does_not_raise_again_but_two_in_a_row_do(
     assert outputs[7].reason == (
         "held beta 0.015: vote 0.50 >= trip 0.3 for 1 of 2 steps needed to raise again"
     )
+    assert [o.components["held_dwell"] for o in outputs] == [0.0] * 7 + [1.0, 0.0, 1.0, 0.0]
     assert outputs[10].direction == "raise"
     assert [o.beta for o in outputs] == pytest.approx(reference_betas(votes, 0.01))
 
