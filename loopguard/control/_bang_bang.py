@@ -190,7 +190,8 @@ class BangBang(KLControllerBase[BangBangState]):
         memory_half_life: :math:`h` above, healthy steps for the remembered floor to halve its distance
             to the starting beta, >= 0. Default 50. 0 turns the memory off.
         hold_receding: Hold a tripped beta on the step after a raise and while the KL stays below the one
-            measured at the last raise (above). Default True; False raises on every hacking vote.
+            measured at the last raise (above). Default True; False raises on every hacking vote of a raising
+            trip.
 
     Raises:
         LoopguardTypeError: a bool or non-number where a number is expected.
