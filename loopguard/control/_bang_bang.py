@@ -267,7 +267,7 @@ class BangBang(KLControllerBase[BangBangState]):
         raise_kl, raise_step = (state.raise_kl, state.raise_step) if state.tripped else (None, None)
         remember = state.remember
         receding = None
-        raising = state.tripped and state.raise_step is not None  # a trip between its raise and relaxing
+        raising = raise_step is not None  # a trip between its raise and its first relaxing step
         if above and (raising or steps_above >= self.dwell_steps):
             receding = self._receding(state, signal, steps_above)
             if receding is not None:
