@@ -7,6 +7,8 @@ checkpoint guarantees as a TRL run (tests/adapters covers the TRL side with real
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from test_state_loading import written_by
 
 from loopguard import (
     BangBang,
+    CheckpointError,
     ConfigError,
     EscalationLadder,
     Guard,
@@ -111,6 +114,36 @@ def test_every_store_asks_about_its_own_checkpoints():
     assert stores[1].manager.good_steps() == (0, 3)
     assert guard.confirms(4)
     assert guard.confirms(4)  # asking is free of side effects
+
+
+def test_a_store_only_rollbacks_read_keeps_no_rng_states_and_no_adapter_state():
+    """resumable=False (the one-liner's own store in memory) saves what a rollback restores, nothing more."""
+    from loopguard.adapters._rollback import Parts, RollbackStore
+
+    model = torch.nn.Linear(2, 2)
+    asked: list[int] = []
+
+    def extra_state() -> dict[str, int]:
+        asked.append(1)
+        return {"beta": 1}
+
+    stores = {
+        resumable: RollbackStore(CheckpointManager(in_memory=True), 2, guard=None, resumable=resumable)
+        for resumable in (True, False)
+    }
+    for store in stores.values():
+        store.save_initial(Parts(model), main=True, extra_state=extra_state)
+        store.save(2, Parts(model), main=True, extra_state=extra_state)
+    assert len(asked) == 2  # the adapter's state is not even built for the store that drops it
+    for step in (0, 2):
+        kept = stores[True].manager.restore(step, torch.nn.Linear(2, 2))  # with the RNG states
+        assert kept.extra_state == {"beta": 1}
+        target = torch.nn.Linear(2, 2)
+        dropped = stores[False].manager.restore(step, target, rng=False)
+        assert dropped.extra_state is None
+        assert torch.equal(target.weight, model.weight)  # what a rollback restores is all there
+        with pytest.raises(CheckpointError, match=re.escape("has no RNG state (saved with rng=False)")):
+            stores[False].manager.restore(step, torch.nn.Linear(2, 2))
 
 
 def test_the_suspect_step_survives_a_state_round_trip():

@@ -11,7 +11,10 @@ Policy (documented in ``docs/trl.md``):
   DTensor parameters go through ``torch.distributed.checkpoint``), and only while the Guard says the run is
   healthy (:attr:`~loopguard.Guard.healthy`): the policy, the optimizer, the LR scheduler, the RNG states, the
   reference model when it drifts with the policy (TRL's ``sync_ref_model=True``; a fixed reference needs no
-  copy), and the adapter's state as ``extra_state``.
+  copy), and the adapter's state as ``extra_state``. A store that only rollbacks can read
+  (``resumable=False``: the mitigator's own store in memory, which does not outlive the process) leaves out
+  the RNG states and the adapter's state: a rollback restores neither, and copying the adapter's state (every
+  detector's reference sample, checked value by value) was most of such a save's cost.
 * **Good marks.** A checkpoint is *pending* until the next save boundary and marked good then only if the
   Guard confirms it (:meth:`~loopguard.Guard.confirms`: every verdict since its save was OK, no rollback or
   stop; a confirmation window, since the hack may have begun before it was detected). Without a Guard to
@@ -132,13 +135,16 @@ class RollbackStore:
         every: Steps between saves.
         guard: The Guard whose verdicts say when a save is safe and which checkpoint is confirmed good; None
             marks every checkpoint good when it is saved (nothing watches the run).
+        resumable: Also save what only a resume reads: the RNG states and the adapter's state
+            (``extra_state``). Default True; False for a store nothing but this store's rollbacks reads.
     """
 
-    def __init__(self, manager: Any, every: int, *, guard: Guard | None) -> None:
+    def __init__(self, manager: Any, every: int, *, guard: Guard | None, resumable: bool = True) -> None:
         """Wrap ``manager``."""
         self.manager = manager
         self.every = every
         self.guard = guard
+        self.resumable = resumable
         self.pending: int | None = None
         self.run: Any = None
 
@@ -185,7 +191,7 @@ class RollbackStore:
         """At a save boundary: mark the checkpoint the Guard confirms good, then save this step's if healthy.
 
         Call it on every rank at every step (the main process writes); ``extra_state`` is called only when a
-        checkpoint is written.
+        checkpoint is written, and never by a store that is not ``resumable``.
         """
         if not self.due(step):
             return
@@ -225,8 +231,8 @@ class RollbackStore:
             parts.optimizer,
             parts.scheduler,
             ref_model=parts.ref_model,
-            rng=True,
-            extra_state=None if extra_state is None else extra_state(),
+            rng=self.resumable,
+            extra_state=None if extra_state is None or not self.resumable else extra_state(),
         )
 
     def rollback(self, parts: Parts, *, before_step: int, discard_newer: bool) -> int:

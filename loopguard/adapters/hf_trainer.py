@@ -1011,7 +1011,10 @@ class RewardHackMitigator(_Observer):
             world = int(getattr(args, "world_size", 1) or 1)
             folder = default_store_dir(args, run)
             manager, why = default_manager(trainer.model, world_size=world, directory=folder)
-            self._store = RollbackStore(manager, self.checkpoint_every, guard=self.guard)
+            # in memory, nothing outlives the process to resume from: keep what a rollback restores
+            self._store = RollbackStore(
+                manager, self.checkpoint_every, guard=self.guard, resumable=not manager.in_memory
+            )
             self._own_store = True
             _start_store(self._store, run, state)
             self._console.status(

@@ -1,5 +1,6 @@
 """Configuration errors fail fast: at construction, or at the start of training before the first step."""
 
+import copy
 import re
 
 import pytest
@@ -7,6 +8,7 @@ from adapter_helpers import grpo_trainer, make_echo_reward
 
 import loopguard
 from loopguard import (
+    CheckpointError,
     ConfigError,
     EscalationLadder,
     GoldAudit,
@@ -95,6 +97,12 @@ def test_the_one_liner_protects_with_its_own_run_scoped_store(model_dir, tokeniz
     store = mitigator.checkpoints
     assert store.in_memory  # a tiny model in one process: its checkpoints live in memory
     assert store.good_steps() == (0,)  # the starting policy, the target of a flaw present from step 0
+    # only what a rollback restores: no RNG states and no mitigator state, which only a resume would read
+    restored = store.restore(0, copy.deepcopy(trainer.model), rng=False)
+    assert restored.step == 0
+    assert restored.extra_state is None
+    with pytest.raises(CheckpointError, match=re.escape("has no RNG state (saved with rng=False)")):
+        store.restore(0, copy.deepcopy(trainer.model))
     assert getattr(trainer.reward_funcs[0], "__loopguard_penalised__", False)  # ready for the targeted rung
     assert trainer.reward_funcs[0].__name__ == "echo_reward"
     assert mitigator.guard.trainer_advantage_scale == 1.0  # GRPO normalises its advantages
