@@ -21,6 +21,7 @@ end (its beta, rollbacks and a digest of its weights), and rank 0 prints them al
 """
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -84,6 +85,11 @@ if trainer.accelerator.is_main_process:
     acted = [f"{r['step']}:{r['action']}" for r in decisions if r["action"] != "none"]
     print(f"mitigation log (rank 0): {len(decisions)} decisions, actions {acted}; "
           f"rollback store {mitigator.checkpoints}")  # fmt: skip
-# End the process group before Python exits: left to the interpreter's teardown, gloo's worker threads can
-# abort a finished rank (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#190489).
-trainer.accelerator.end_training()
+# End the process group before Python exits: gloo's worker threads still running at the interpreter's teardown
+# can abort a finished rank (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291).
+# The trainer (its DDP-wrapped model) keeps the process group alive, and the mitigator holds the trainer: let
+# both go first, or destroying the process group leaves its threads running.
+accelerator = trainer.accelerator
+del trainer, mitigator
+gc.collect()
+accelerator.end_training()
