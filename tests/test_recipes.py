@@ -42,7 +42,7 @@ def _report():
             names.append(file.read().strip())
     gloo = sorted(name for name in names if "gloo" in name)
     found = "unknown (no /proc)" if not names else gloo
-    sys.stderr.write(f"exit report: rank {os.environ.get('RANK', 'launcher')}: gloo threads {found}\\n")
+    sys.stderr.write(f"\\nexit report: rank {os.environ.get('RANK', 'launcher')}: gloo threads {found}\\n")
 
 atexit.register(_report)  # registered first, so it runs after every other exit handler
 """
