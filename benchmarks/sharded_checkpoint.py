@@ -123,13 +123,21 @@ def measure(layers: int, width: int, repeats: int, folder: str, *, files_engine:
 
 
 def _worker(
-    rank: int, world: int, store: str, layers: int, width: int, repeats: int, folder: str, out: str
+    rank: int,
+    world: int,
+    store: str,
+    layers: int,
+    width: int,
+    repeats: int,
+    folder: str,
+    out: str,
+    files_engine: bool,
 ) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    result = measure(layers, width, repeats, folder, files_engine=False)
+    result = measure(layers, width, repeats, folder, files_engine=files_engine)
     results: list[Any] = [None] * world
     dist.all_gather_object(results, result)
     if rank == 0:
@@ -173,28 +181,30 @@ def main(argv: list[str] | None = None) -> int:
     layers = max(2, round(mparams * 1e6 / width**2))
     params = layers * width * width
     torch.set_num_threads(1)
-    import torch.distributed as dist
     import torch.multiprocessing as mp
 
     base = tempfile.mkdtemp(prefix="loopguard-sharded-", dir=args.dir)
+    # Both runs in spawned processes, so this one never starts gloo: the sharded model keeps its process group
+    # alive after the group is destroyed, and gloo threads still running at the interpreter's exit can abort
+    # a process after its work is done (pytorch/pytorch#179291). Each worker leaves without that exit.
     try:
-        store = os.path.join(base, "pg-1")
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-        one = measure(layers, width, repeats, os.path.join(base, "one"), files_engine=True)
-        dist.destroy_process_group()
-        out_two = os.path.join(base, "two.json")
-        spawn_args = (
-            2,
-            os.path.join(base, "pg-2"),
-            layers,
-            width,
-            repeats,
-            os.path.join(base, "two"),
-            out_two,
-        )
-        mp.spawn(_worker, args=spawn_args, nprocs=2, join=True)
-        with open(out_two, encoding="utf-8") as handle:
-            two = json.load(handle)
+        runs = {}
+        for name, world, files_engine in (("one", 1, True), ("two", 2, False)):
+            out = os.path.join(base, f"{name}.json")
+            spawn_args = (
+                world,
+                os.path.join(base, f"pg-{world}"),
+                layers,
+                width,
+                repeats,
+                os.path.join(base, name),
+                out,
+                files_engine,
+            )
+            mp.spawn(_worker, args=spawn_args, nprocs=world, join=True)
+            with open(out, encoding="utf-8") as handle:
+                runs[name] = json.load(handle)
+        (one,), two = runs["one"], runs["two"]
     finally:
         shutil.rmtree(base, ignore_errors=True)
     total = params * 4 * 3

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import gloo_exit
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -27,25 +28,6 @@ PAGE = ROOT / "docs" / "recipes.md"
 SCRIPTS = sorted(path.name for path in RECIPES.glob("*.py") if not path.name.startswith("_"))
 WORKERS = 2  # recipes at a time (multi_gpu.py is two processes itself)
 TIMEOUT = 600
-
-
-# Put on the multi_gpu run's PYTHONPATH: when each process starts its exit, it names the gloo threads still
-# running (read from /proc). Threads left to the interpreter's teardown can abort a finished rank, so the
-# recipe must have stopped them; this sees it on every run, where the abort itself comes once in many runs.
-_EXIT_REPORT = """\
-import atexit, glob, os, sys
-
-def _report():
-    names = []
-    for path in glob.glob("/proc/self/task/*/comm"):
-        with open(path) as file:
-            names.append(file.read().strip())
-    gloo = sorted(name for name in names if "gloo" in name)
-    found = "unknown (no /proc)" if not names else gloo
-    sys.stderr.write(f"\\nexit report: rank {os.environ.get('RANK', 'launcher')}: gloo threads {found}\\n")
-
-atexit.register(_report)  # registered first, so it runs after every other exit handler
-"""
 
 
 def _command(name: str, folder: pathlib.Path) -> list[str]:
@@ -76,10 +58,8 @@ class Runs:
         folder.mkdir()
         env = dict(self._environ)
         paths = [str(ROOT), env.get("PYTHONPATH")]
-        if name == "multi_gpu.py":
-            (folder / "exit_report").mkdir()
-            (folder / "exit_report" / "sitecustomize.py").write_text(_EXIT_REPORT, encoding="utf-8")
-            paths.insert(0, str(folder / "exit_report"))
+        if name == "multi_gpu.py":  # each process says which gloo threads it leaves running at exit
+            paths.insert(0, gloo_exit.install(folder))
         env.update(
             HF_HUB_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
@@ -215,8 +195,7 @@ def check_multi_gpu(output: str) -> None:
     # No rank leaves gloo's threads to the interpreter's teardown, where they can abort a finished rank
     # (SIGABRT, pytorch/pytorch#179291; it failed this test once in many runs under load). Ending the process
     # group was not enough while the trainer still kept it alive: its threads kept running.
-    reports = sorted(re.findall(r"^exit report: rank (\d): gloo threads (.*)$", output, flags=re.MULTILINE))
-    assert reports == [("0", "[]"), ("1", "[]")], output[-3000:]
+    assert gloo_exit.reports(output) == [("0", "[]"), ("1", "[]"), ("none", "[]")], output[-3000:]
 
 
 def check_raw_loop(output: str) -> None:
