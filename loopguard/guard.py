@@ -1768,11 +1768,14 @@ class Guard:
                 f"Targeted penalty on the trained reward (the Guard keeps reading the raw reward): "
                 f"{self._penalty.describe(names)}."
             )
-        # a change of beta, or a hacking vote that did not raise a raised beta (receding, dwelling): say why
-        held = control_out is not None and any(
-            control_out.components.get(key) == 1.0 for key in ("held_receding", "held_dwell")
+        # a change of beta, a hacking vote that did not raise a raised beta (receding, dwelling), or a HACK
+        # verdict that left beta where it was (e.g. a sustained rise dated on one step, short of the
+        # controller's streak): say why
+        held = control_out is not None and (
+            (verdict == "HACK" and action == "none")
+            or any(control_out.components.get(key) == 1.0 for key in ("held_receding", "held_dwell"))
         )
-        if control_out is not None and (control_out.direction != "hold" or held):
+        if control_out is not None and control_out.reason and (control_out.direction != "hold" or held):
             parts.append(control_out.reason[:1].upper() + control_out.reason[1:] + ".")
         elif action == "none" and verdict != "OK" and self.mode == "log_only":
             parts.append("log_only: no action taken.")

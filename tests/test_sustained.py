@@ -75,6 +75,24 @@ def test_a_rise_below_the_hack_band_trips_after_the_steps_its_cusum_needs():
     assert guard.state_dict()["detectors"]["rm_ensemble"]["evidence"] == {"disagreement": [-1.2, 0.0]}
 
 
+def test_a_sustained_hack_that_leaves_beta_where_it_was_says_why():
+    # the same rise under kl_control: the dated step reads HACK with its vote at the trip band, one step of
+    # the two in a row the controller needs to raise beta, so beta is held; the explanation says so rather
+    # than leave a HACK verdict with no action unexplained
+    guard = Guard([RMEnsemble(members=2)], mode="kl_control", beta=0.01, reference_steps=0)
+    start = warmed(guard)
+    decisions = [guard.step(observation(step, rise(1.125))) for step in range(start, start + 4)]
+    assert [(d.verdict, d.action) for d in decisions] == [("WARN", "none")] * 2 + [
+        ("HACK", "none"),
+        ("WARN", "none"),
+    ]
+    held = decisions[2]
+    assert held.beta_after == held.beta_before == 0.01
+    assert "Sustained rise: rm_ensemble.disagreement over 3 steps" in held.explanation
+    assert held.explanation.endswith("Held beta 0.01: vote 0.30 >= trip 0.3 for 1 of 2 steps needed to trip.")
+    assert "Held beta" not in decisions[1].explanation  # a WARN that holds beta needs no reason
+
+
 def test_a_dated_rise_must_come_back_before_it_trips_again():
     # after the trip the sum sits at -1.2; each step back at the baseline (0 bands) climbs by the slack 0.3,
     # so four of them re-arm the rule, and the same rise is then dated again three steps later
