@@ -7,8 +7,8 @@ a JSON Lines file by a :class:`MitigationLog`. :func:`read_mitigation_log` reads
 The writer is built to run inside a training loop that must not die because of it:
 
 * **Line-atomic appends.** Each record is one line written with a single ``os.write`` on a descriptor
-  opened with ``O_APPEND``, under an exclusive lock on that file (``filelock``'s ``lock_descriptor``: a
-  ``flock``, released if the process dies) shared by every loopguard writer of it, so records from several
+  opened with ``O_APPEND``, under an exclusive ``flock`` on that file (released if the process dies; the
+  primitive ``filelock`` uses on POSIX) shared by every loopguard writer of it, so records from several
   processes never interleave and a rotation by one process is seen by the others.
 * **Size rotation.** When the file would grow past ``max_bytes`` it is renamed ``path.1`` (older backups
   shift to ``path.2`` ... ``path.<backups>``; the oldest is dropped). Hand-written because
@@ -41,7 +41,6 @@ Example:
 
 from __future__ import annotations
 
-import datetime as _dt
 import errno
 import json
 import math
@@ -49,6 +48,7 @@ import numbers
 import os
 import re
 import stat
+import time
 import types
 import warnings
 from collections.abc import Mapping
@@ -124,11 +124,14 @@ MAX_RECORD_BYTES = 2**20
 _MAX_BACKUPS = 100
 _MIN_MAX_BYTES = 1024
 _OPEN_RETRIES = 16
-_LOCK_POLL_SECONDS = 0.001  # how often a waiting writer retries (an append holds the lock for microseconds)
 _POSIX = os.name == "posix"  # Windows locks are mandatory (they would block readers): appends go unlocked
+if _POSIX:
+    import fcntl
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
+# one encoder for every record (json.dumps with these options builds a new one per call)
+_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
 _REDACTED = "[REDACTED]"
 # What redact_secrets replaces. re.ASCII: the case-insensitive parts fold ASCII letters only (else "ſ" and
 # the Kelvin sign would match "s" and "k", and JSON would escape them out of _SECRET_HINT's sight). Every
@@ -702,10 +705,24 @@ class _SymlinkRefusedError(OSError):
     """The log path (or a file to be rotated) is a symbolic link."""
 
 
+# the last whole second stamped and its text up to the seconds: one immutable pair, read and replaced whole,
+# so that threads stamping at once never mix two seconds
+_STAMPED: tuple[int, str] = (-1, "")
+
+
 def _utc_timestamp() -> str:
-    # isoformat, not strftime: the same text ("2026-01-01T00:00:00.000+00:00", milliseconds truncated) at a
-    # fraction of the cost, on every record
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds").removesuffix("+00:00") + "Z"
+    """The current UTC time as ``YYYY-MM-DDTHH:MM:SS.mmmZ`` (milliseconds truncated, as ``isoformat`` does).
+
+    The text up to the seconds is made once per second: every record is stamped, most within the second of
+    the one before.
+    """
+    global _STAMPED
+    now = time.time()
+    second = math.floor(now)
+    stamped = _STAMPED
+    if stamped[0] != second:
+        stamped = _STAMPED = (second, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)))
+    return f"{stamped[1]}.{min(int((now - second) * 1000), 999):03d}Z"
 
 
 def _refuse_symlink(path: str) -> None:
@@ -719,10 +736,12 @@ def _refuse_symlink(path: str) -> None:
 
 
 def _lock(fd: int) -> None:
-    """Wait for the exclusive lock on ``fd`` (filelock's ``flock``: dropped if the process dies)."""
-    from filelock import lock_descriptor  # on the first append: `import loopguard` stays light
+    """Wait for the exclusive ``flock`` on ``fd`` (dropped if the process dies; POSIX only).
 
-    lock_descriptor(fd, poll_interval=_LOCK_POLL_SECONDS)
+    A blocking ``flock``: an interrupted wait runs the signal's handler (a ``KeyboardInterrupt`` propagates)
+    and otherwise resumes (PEP 475).
+    """
+    fcntl.flock(fd, fcntl.LOCK_EX)
 
 
 class MitigationLog:
@@ -793,6 +812,8 @@ class MitigationLog:
         self._written = 0
         self._failures = 0
         self._last_error: str | None = None
+        # where this writer's last line ended: ((device, inode), size) of the file just after it
+        self._end: tuple[tuple[int, int], int] | None = None
 
     @property
     def path(self) -> str:
@@ -863,9 +884,9 @@ class MitigationLog:
             record = MitigationRecord.from_json_dict(record)  # type: ignore[arg-type]
         body = record._json_body()
         data = {"schema": body.pop("schema"), "ts": _utc_timestamp(), **body}
-        text = json.dumps(data, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        text = _ENCODER.encode(data)
         if _may_hold_secret(text):
-            text = json.dumps(_redact_tree(data), ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+            text = _ENCODER.encode(_redact_tree(data))
         line = (text + "\n").encode("ascii")
         if len(line) > MAX_RECORD_BYTES:
             msg = (
@@ -875,8 +896,12 @@ class MitigationLog:
             raise ConfigError(msg)
         return line
 
-    def _open_locked(self) -> int:
-        """Open ``path`` for appending and lock it; retry if another writer rotated it meanwhile."""
+    def _open_locked(self) -> tuple[int, int, tuple[int, int]]:
+        """Open ``path`` for appending and lock it; retry if another writer rotated it meanwhile.
+
+        Returns the descriptor, the file's size under the lock (read from the ``lstat`` that checks the path
+        still names the file, so it costs no second system call) and the file's ``(device, inode)``.
+        """
         flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _CLOEXEC
         for _ in range(_OPEN_RETRIES):
             if not _NOFOLLOW:  # pragma: no cover - no O_NOFOLLOW: check first (racy, better than none)
@@ -894,15 +919,16 @@ class MitigationLog:
                 if not stat.S_ISREG(info.st_mode):
                     msg = f"not a regular file: {self._path!r}"
                     raise OSError(errno.EINVAL, msg)
+                file = (info.st_dev, info.st_ino)
                 if not _POSIX:  # pragma: no cover - Windows
-                    return fd
+                    return fd, info.st_size, file
                 _lock(fd)
                 try:
                     current = os.lstat(self._path)
                 except FileNotFoundError:
                     current = None
-                if current is not None and (current.st_dev, current.st_ino) == (info.st_dev, info.st_ino):
-                    return fd
+                if current is not None and (current.st_dev, current.st_ino) == file:
+                    return fd, current.st_size, file
             except BaseException:
                 os.close(fd)
                 raise
@@ -935,14 +961,15 @@ class MitigationLog:
 
     def _write_line(self, line: bytes) -> None:
         for _ in range(_OPEN_RETRIES):
-            fd = self._open_locked()
+            fd, size, file = self._open_locked()
             try:
-                size = os.fstat(fd).st_size
                 if size > 0 and size + len(line) > self._max_bytes:
                     self._rotate()
                     continue  # closing releases the lock; waiting writers see the inode change and reopen
-                if size > 0 and os.pread(fd, 1, size - 1) != b"\n":
-                    line = b"\n" + line  # a torn record ends the file: keep ours on its own line
+                # a file that still ends where this writer's last line did ends with that line's newline;
+                # any other end is read: a torn record there gets ours on a line of its own
+                if size > 0 and (file, size) != self._end and os.pread(fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line
                 written = os.write(fd, line)
                 while written < len(line):  # only on a failing device; finish the line if the OS lets us
                     more = os.write(fd, line[written:])
@@ -950,6 +977,7 @@ class MitigationLog:
                         msg = f"short write to {self._path!r}: {written} of {len(line)} bytes"
                         raise OSError(errno.EIO, msg)
                     written += more
+                self._end = (file, size + written)
                 return
             finally:
                 os.close(fd)

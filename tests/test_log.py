@@ -30,6 +30,7 @@ from loopguard.log import (
     MitigationRecord,
     _may_hold_secret,
     _redact_tree,
+    _utc_timestamp,
     read_mitigation_log,
     redact_secrets,
 )
@@ -185,6 +186,20 @@ def test_to_json_dict_is_plain_and_detached():
     assert rec.signals["a"] == 0.5
     assert rec.extra["n"] == 3
     json.dumps(data, allow_nan=False)
+
+
+def test_the_timestamp_is_the_utc_clock_truncated_to_the_millisecond(monkeypatch):
+    import time
+    import types
+
+    import loopguard.log
+
+    # a year's last millisecond, the next year's first (a new second), within it, then a clock set back
+    for now in (1767225599.9996, 1767225600.0, 1767225600.0004, 1767225600.5, 951782400.25):
+        clock = types.SimpleNamespace(time=lambda now=now: now, strftime=time.strftime, gmtime=time.gmtime)
+        monkeypatch.setattr(loopguard.log, "time", clock)
+        moment = dt.datetime.fromtimestamp(now, dt.timezone.utc)
+        assert _utc_timestamp() == moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 def test_record_is_frozen_and_detached_from_inputs():
@@ -1036,6 +1051,40 @@ def test_append_after_a_torn_record_keeps_the_new_record_intact(log_path):
     with pytest.warns(RuntimeWarning, match=re.escape("skipped 1 corrupt line(s): 4.")):
         rows = read_mitigation_log(log_path, on_corrupt="skip")
     assert [row["step"] for row in rows] == [0, 1, 2, 3]
+
+
+def test_a_writer_reads_the_end_of_a_file_it_did_not_write_last(log_path):
+    log = write_three(log_path)
+    other = MitigationLog(log_path)
+    assert other.append(record(step=3))
+    with open(log_path, "ab") as handle:  # a third writer dies mid-record after both
+        handle.write(b'{"schema":1,"ts":"20')
+    assert log.append(record(step=4))
+    assert other.append(record(step=5))
+    lines = raw_lines(log_path)
+    assert lines[4] == b'{"schema":1,"ts":"20'
+    assert [json.loads(line)["step"] for line in lines[5:7]] == [4, 5]
+    pathlib.Path(log_path).write_bytes(b"".join(line + b"\n" for line in lines[:3])[:-1])  # truncated, torn
+    assert log.append(record(step=6))
+    assert [json.loads(line)["step"] for line in raw_lines(log_path)[2:4]] == [2, 6]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="appends are locked on POSIX only (see MitigationLog)")
+def test_an_append_waits_while_another_writer_holds_the_lock(log_path):
+    import fcntl
+    import threading
+    import time
+
+    log = write_three(log_path)
+    holder = os.open(log_path, os.O_RDWR)  # another open file: its flock excludes the log's own
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    release = threading.Timer(0.3, os.close, args=(holder,))
+    started = time.monotonic()
+    release.start()
+    assert log.append(record(step=3))
+    assert time.monotonic() - started >= 0.25
+    release.join()
+    assert [json.loads(line)["step"] for line in raw_lines(log_path)[:-1]] == [0, 1, 2, 3]
 
 
 def test_torn_record_rotated_away_stays_last_in_its_file(log_path):
