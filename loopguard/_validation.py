@@ -560,8 +560,10 @@ def to_numpy(name: str, value: object) -> NDArray[Any]:
     if items is None:
         if isinstance(value, np.ma.MaskedArray):
             return _unmasked(name, value)
+        if type(value) is np.ndarray:
+            return value
         if isinstance(value, np.ndarray):
-            return np.asarray(value)
+            return np.asarray(value)  # a subclass (np.matrix, np.memmap) as a plain array
         if _is_tensor(value):
             return _tensor_to_numpy(name, value)
     try:

@@ -94,11 +94,16 @@ class TokenBatch:
             low, high = int(marks.min()), int(marks.max())
             msg = f"`{name} mask` must hold only 0 and 1, got values in [{low}, {high}]."
             raise InputError(msg)
-        keep = marks.view(np.bool_) if marks.dtype.itemsize == 1 else marks.astype(np.bool_)
+        if marks.dtype == np.bool_:
+            keep = marks
+        else:
+            keep = marks.view(np.bool_) if marks.dtype.itemsize == 1 else marks.astype(np.bool_)
         if array.dtype == np.uint64 and array.size and int(array.max()) > np.iinfo(np.int64).max:
             msg = f"`{name}` must hold token ids that fit in int64, got {int(array.max())}."
             raise InputError(msg)
-        tokens = np.ascontiguousarray(array[keep].astype(np.int64, copy=False))  # row-major: rows in order
+        tokens = array[keep]  # a new contiguous array, row-major: rows in order
+        if tokens.dtype != np.int64:
+            tokens = tokens.astype(np.int64)
         lengths = keep.sum(axis=1, dtype=np.int64)
         offsets = np.zeros(array.shape[0] + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -289,7 +294,10 @@ def as_token_batch(
         ...
         loopguard.exceptions.InputError: `completion_ids` must hold token ids >= 0 (strip padding first), got -100 in row 1.
     """  # noqa: E501
+    caps = (max_trajectories, max_tokens)
     if isinstance(sequences, TokenBatch):
+        if sequences._cache.get("caps") == caps:  # a frozen batch checked against these caps: unchanged since
+            return sequences
         batch = sequences
     elif isinstance(sequences, (str, bytes)):
         msg = (
@@ -345,4 +353,6 @@ def as_token_batch(
             f"got {int(batch.tokens[position])} in row {row}."
         )
         raise InputError(msg)
+    if batch.frozen():
+        batch._cache["caps"] = caps
     return batch

@@ -467,14 +467,15 @@ def test_one_batch_counts_its_ngrams_once_for_both_views() -> None:
     rows = [rng.integers(0, 30, size=rng.integers(0, 40)).tolist() for _ in range(50)]
     pooled_first, per_row_first = as_token_batch("ids", rows), as_token_batch("ids", rows)
     pooled = distinct_n(pooled_first, n=2)
-    counted = [key for key in pooled_first._cache if key != "lengths"]  # (lengths are cached too)
+    # (the lengths and the caps the batch was checked against are kept too)
+    counted = [key for key in pooled_first._cache if key not in ("lengths", "caps")]
     assert counted == ["token_range", ("ngrams", 2)]  # the counts are kept on the batch...
     per_row = ngram_repetition_rate(per_row_first, n=2, reduce="none")
     # ...and each view read from them equals the other view counted first
     assert ngram_repetition_rate(pooled_first, n=2, reduce="none").tolist() == per_row.tolist()
     assert distinct_n(per_row_first, n=2) == pooled
     assert distinct_n(pooled_first, n=3) == distinct_n(rows, n=3)  # another n is counted apart
-    assert set(pooled_first._cache) - {"lengths"} == {"token_range", ("ngrams", 2), ("ngrams", 3)}
+    assert set(pooled_first._cache) - {"lengths", "caps"} == {"token_range", ("ngrams", 2), ("ngrams", 3)}
     with pytest.raises(ValueError, match="read-only"):  # no one can change the tokens under the counts
         pooled_first.tokens[0] = 7
     # a batch of arrays the caller still holds is counted afresh every time

@@ -101,6 +101,20 @@ def test_token_batch_passes_through_and_is_validated():
         TokenBatch(tokens=[1, 2, 3], offsets=np.array([0, 3], dtype=np.int64))
 
 
+def test_a_checked_batch_is_checked_again_against_other_caps_and_while_its_arrays_can_change():
+    batch = as_token_batch("ids", [[1, 2], [3]])
+    assert as_token_batch("ids", batch) is batch  # checked twice against the default caps
+    message = "`ids` must have at most 1 tokens per sequence (DoS cap), got 2 in row 0."
+    with pytest.raises(InputError, match=re.escape(message)):
+        as_token_batch("ids", batch, max_tokens=1)
+    tokens = np.array([1, 2, 3], dtype=np.int64)  # arrays the caller still holds: never taken as checked
+    held = TokenBatch(tokens=tokens, offsets=np.array([0, 2, 3], dtype=np.int64))
+    assert as_token_batch("ids", held) is held
+    tokens[1] = -100
+    with pytest.raises(InputError, match=re.escape("`ids` must hold token ids >= 0 (strip padding first)")):
+        as_token_batch("ids", held)
+
+
 def test_large_ids_survive_empty_rows_exactly():
     big = 2**62 + 1
     batch = as_token_batch("ids", [[big, big + 2], []])
