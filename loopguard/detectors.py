@@ -1508,7 +1508,7 @@ class JudgeGap(Detector):
     ) -> float:
         """This batch's lower bound of the gap, its scores read against the sorted ``reference`` rows."""
         rows, ceilings, _ = self._reference_arrays(reference)
-        members = [0, *judges]
+        members = _member_rows(judges)
         z = _normal_score_rows(rows[members], scores[members])
         return self._lower_bound(z, r, ceilings[judges])
 
@@ -1540,7 +1540,7 @@ class JudgeGap(Detector):
         pool's own normal scores, and weighs its gap. The pool is a sample of a few batches, so the bound
         is a two-sample one.
         """
-        members = [0, *judges]
+        members = _member_rows(judges)
         batches = self._pool_arrays(history[: self.recent])
         # each member's scores over the pool, batch after batch (batches may differ in size)
         rows = np.concatenate([batch[members] for batch in batches], axis=1)
@@ -1836,6 +1836,12 @@ def _group_rows(observation: Any, rows: int) -> tuple[NDArray[np.int64], NDArray
     if not len(counts) or int(counts.max()) < 2:
         return None
     return np.repeat(np.arange(len(counts)), counts), counts.astype(np.float64)
+
+
+def _member_rows(judges: list[int]) -> slice | list[int]:
+    """The rows of the trained reward (0) and ``judges``: a slice (read as a view) when they are rows 0..k."""
+    count = len(judges) + 1
+    return slice(0, count) if judges == list(range(1, count)) else [0, *judges]
 
 
 def _token_rows(

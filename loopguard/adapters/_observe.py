@@ -422,18 +422,32 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
     dropped = 0
     for part in parts:
         proxy = _proxy(part)
-        keep = [index for index, value in enumerate(proxy) if value is not None]
-        dropped += len(proxy) - len(keep)
-        rewards.extend(float(proxy[index] or 0.0) for index in keep)
-        completions.extend(part.completions[index] for index in keep)
-        if prompts is not None and part.prompts is not None:
-            prompts.extend(part.prompts[index] for index in keep)
-        if padded is not None and isinstance(part.completion_ids, Padded):
-            padded.append(part.completion_ids.take(keep))
-        if ids is not None and isinstance(part.completion_ids, tuple):
-            ids.extend(part.completion_ids[index] for index in keep)
-        for name in names:
-            columns[name].extend(part.columns[name][index] for index in keep)
+        keep: Sequence[int]
+        if None not in proxy:  # every row scored (the common case): each field as it is
+            rewards.extend([value or 0.0 for value in proxy])  # as below: no -0.0
+            completions.extend(part.completions)
+            if prompts is not None and part.prompts is not None:
+                prompts.extend(part.prompts)
+            if padded is not None and isinstance(part.completion_ids, Padded):
+                padded.append(part.completion_ids)
+            if ids is not None and isinstance(part.completion_ids, tuple):
+                ids.extend(part.completion_ids)
+            for name in names:
+                columns[name].extend(part.columns[name])
+            keep = range(len(proxy))
+        else:
+            keep = [index for index, value in enumerate(proxy) if value is not None]
+            dropped += len(proxy) - len(keep)
+            rewards.extend(float(proxy[index] or 0.0) for index in keep)
+            completions.extend(part.completions[index] for index in keep)
+            if prompts is not None and part.prompts is not None:
+                prompts.extend(part.prompts[index] for index in keep)
+            if padded is not None and isinstance(part.completion_ids, Padded):
+                padded.append(part.completion_ids.take(keep))
+            if ids is not None and isinstance(part.completion_ids, tuple):
+                ids.extend(part.completion_ids[index] for index in keep)
+            for name in names:
+                columns[name].extend(part.columns[name][index] for index in keep)
         if part.group_size is None:
             uniform = None
         elif len(keep) == len(proxy):  # every row scored: the groups as the trainer made them

@@ -203,7 +203,8 @@ def check_torch_state(name: str, value: object, depth: int = 0) -> None:
 def clone_tree(value: Any) -> Any:
     """Deep-copy a torch-state tree, cloning tensors to CPU (leaves are immutable and shared)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        # a state_dict's tensors are already detached: one copy, without a detached view made first
+        return (value.detach() if value.requires_grad else value).to("cpu", copy=True)
     if isinstance(value, dict):
         return type(value)((key, clone_tree(item)) for key, item in value.items())
     if isinstance(value, list):
