@@ -748,7 +748,7 @@ class MitigationLog:
     """Append :class:`MitigationRecord` s to a JSON Lines file, rotating it by size; never raises.
 
     Each :meth:`append` opens the file (``O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW``, mode ``0o644``,
-    parent directories created), locks it (``filelock``'s ``flock``), rotates if needed, writes the whole
+    parent directories created), locks it (an exclusive ``flock``), rotates if needed, writes the whole
     record line with one ``os.write`` and closes it. Holding no descriptor between appends keeps the
     object picklable (it can be handed to worker processes), lets rotation by another process or by
     ``logrotate`` take effect at the next record, and makes ``close()`` unnecessary. The cost is a few
