@@ -318,14 +318,17 @@ class IdCapture:
             self.error = "the generation step returned no 2-D completion_ids and completion_mask of one shape"
             return
         try:
-            pad = self._pad_id()
-            accelerator = getattr(self.trainer, "accelerator", None)
-            if accelerator is not None and getattr(accelerator, "num_processes", 1) > 1:
+            accelerator: Any = getattr(self.trainer, "accelerator", None)
+            gathered = accelerator is not None and getattr(accelerator, "num_processes", 1) > 1
+            truncated = bool(getattr(self.trainer, "mask_truncated_completions", False))
+            # the tokenizer's pad id only where it is used (reading it costs a tokenizer lookup a generation)
+            pad = self._pad_id() if gathered or truncated else None
+            if gathered:
                 ids = accelerator.gather(accelerator.pad_across_processes(ids, dim=1, pad_index=pad or 0))
                 mask = accelerator.gather(accelerator.pad_across_processes(mask, dim=1, pad_index=0))
             host_ids = to_numpy("completion_ids", ids)
             host_mask = to_numpy("completion_mask", mask) != 0
-            if getattr(self.trainer, "mask_truncated_completions", False):
+            if truncated:
                 _restore_truncated(host_ids, host_mask, pad)
             self.latest = Padded(host_ids, host_mask)
         except Exception as error:  # reported by the source on every batch; never raised into TRL's step

@@ -80,6 +80,33 @@ def test_the_capture_is_installed_once_and_reports_what_it_cannot_read():
     assert IdCapture.install(object()) is None  # nothing to wrap
 
 
+class _CountingTokenizer:
+    """A tokenizer whose pad id says how often it was read."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    @property
+    def pad_token_id(self) -> int:
+        self.reads += 1
+        return 0
+
+
+def test_the_pad_id_is_read_only_where_truncated_completions_need_it():
+    tokenizer = _CountingTokenizer()
+    trainer = _Trainer()
+    trainer.processing_class = tokenizer
+    capture = IdCapture.install(trainer)
+    ids, mask = np.array([[3, 4, 5], [6, 0, 0]]), np.array([[0, 0, 0], [1, 0, 0]])  # row 0 was truncated
+    trainer._generate_and_score_completions({"completion_ids": ids, "completion_mask": mask})
+    assert tokenizer.reads == 0  # a generation step per optimizer step: no tokenizer lookup when unused
+    assert _rows(capture.latest) == [[], [6]]
+    trainer.mask_truncated_completions = True
+    trainer._generate_and_score_completions({"completion_ids": ids, "completion_mask": mask})
+    assert tokenizer.reads == 1
+    assert _rows(capture.latest) == [[3, 4, 5], [6]]
+
+
 _LOGGED = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([1e308, -1e308, 0.0, -0.0]),  # finite terms whose sum overflows
