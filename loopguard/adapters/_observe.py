@@ -44,7 +44,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 import numpy as np
@@ -411,6 +411,14 @@ def _proxy(part: _Part) -> list[float | None]:
     return rewards
 
 
+_T = TypeVar("_T")
+
+
+def _pick(values: Sequence[_T], keep: list[int] | None) -> Sequence[_T]:
+    """The rows ``keep`` of ``values``, in order; all of them, as they are, for None."""
+    return values if keep is None else [values[index] for index in keep]
+
+
 def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str) -> Batch:
     """One batch from the parts read since the last poll: unscorable rows left out, groups kept in order."""
     names = list(parts[0].columns)
@@ -425,35 +433,22 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
     dropped = 0
     for part in parts:
         proxy = _proxy(part)
-        keep: Sequence[int]
-        if None not in proxy:  # every row scored (the common case): each field as it is
-            rewards.extend([value or 0.0 for value in proxy])  # as below: no -0.0
-            completions.extend(part.completions)
-            if prompts is not None and part.prompts is not None:
-                prompts.extend(part.prompts)
-            if padded is not None and isinstance(part.completion_ids, Padded):
-                padded.append(part.completion_ids)
-            if ids is not None and isinstance(part.completion_ids, tuple):
-                ids.extend(part.completion_ids)
-            for name in names:
-                columns[name].extend(part.columns[name])
-            keep = range(len(proxy))
-        else:
-            keep = [index for index, value in enumerate(proxy) if value is not None]
-            dropped += len(proxy) - len(keep)
-            rewards.extend(float(proxy[index] or 0.0) for index in keep)
-            completions.extend(part.completions[index] for index in keep)
-            if prompts is not None and part.prompts is not None:
-                prompts.extend(part.prompts[index] for index in keep)
-            if padded is not None and isinstance(part.completion_ids, Padded):
-                padded.append(part.completion_ids.take(keep))
-            if ids is not None and isinstance(part.completion_ids, tuple):
-                ids.extend(part.completion_ids[index] for index in keep)
-            for name in names:
-                columns[name].extend(part.columns[name][index] for index in keep)
+        # None: every row scored (the common case), each field taken as it is without selecting rows
+        keep = None if None not in proxy else [i for i, value in enumerate(proxy) if value is not None]
+        dropped += 0 if keep is None else len(proxy) - len(keep)
+        rewards.extend(float(value or 0.0) for value in _pick(proxy, keep))
+        completions.extend(_pick(part.completions, keep))
+        if prompts is not None and part.prompts is not None:
+            prompts.extend(_pick(part.prompts, keep))
+        if padded is not None and isinstance(part.completion_ids, Padded):
+            padded.append(part.completion_ids if keep is None else part.completion_ids.take(keep))
+        if ids is not None and isinstance(part.completion_ids, tuple):
+            ids.extend(_pick(part.completion_ids, keep))
+        for name in names:
+            columns[name].extend(_pick(part.columns[name], keep))
         if part.group_size is None:
             uniform = None
-        elif len(keep) == len(proxy):  # every row scored: the groups as the trainer made them
+        elif keep is None:  # every row scored: the groups as the trainer made them
             size = part.group_size
             sizes.extend(min(size, len(proxy) - start) for start in range(0, len(proxy), size))
         else:
