@@ -130,8 +130,11 @@ if _POSIX:
 _NOFOLLOW: int = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
-# one encoder for every record (json.dumps with these options builds a new one per call)
-_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+# one encoder for every record (json.dumps with these options builds a new one per call). No check for
+# circular references: a record's JSON is a tree loopguard built (_json_body, with ``extra`` copied by
+# _json_tree, which refuses nesting deeper than MAX_EXTRA_DEPTH), so it holds no cycle; the check keeps a
+# dictionary of every container the encoder enters, about a third of a record's encoding time.
+_ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
 _REDACTED = "[REDACTED]"
 # What redact_secrets replaces. re.ASCII: the case-insensitive parts fold ASCII letters only (else "ſ" and
 # the Kelvin sign would match "s" and "k", and JSON would escape them out of _SECRET_HINT's sight). Every
@@ -202,17 +205,23 @@ _SECRET_FRAGMENTS = (
     *("secret", "token", "passw", "authorization", "://"),
 )
 _SECRET_HINT = re.compile("|".join(map(re.escape, _SECRET_FRAGMENTS)), re.ASCII | re.IGNORECASE)
+_GITHUB_FRAGMENTS = tuple(fragment for fragment in _SECRET_FRAGMENTS if "gh" in fragment)
+_SECRET_SCANNED = tuple(fragment for fragment in _SECRET_FRAGMENTS if "gh" not in fragment)
 
 
 def _may_hold_secret(ascii_text: str) -> bool:
     """Whether :data:`_SECRET_HINT` matches ``ascii_text``, an ASCII string (JSON with ``ensure_ascii``).
 
-    One lowercased copy and a substring test per fragment: the same answer on ASCII text (where ``lower``
-    is the ASCII case folding of ``re.ASCII | re.IGNORECASE``) at a small fraction of the regex's cost (an
-    alternation is tried at every position of a record of a kilobyte or more).
+    One lowercased copy and a substring test per fragment (GitHub's six behind a test for their common
+    ``gh``): the same answer on ASCII text (where ``lower`` is the ASCII case folding of ``re.ASCII |
+    re.IGNORECASE``) at a small fraction of the regex's cost (an alternation is tried at every position of
+    a record of a kilobyte or more).
     """
     lowered = ascii_text.lower()
-    return any(fragment in lowered for fragment in _SECRET_FRAGMENTS)
+    if any(fragment in lowered for fragment in _SECRET_SCANNED):
+        return True
+    # GitHub's six prefixes all contain "gh": one scan for it, and theirs only where it occurs
+    return "gh" in lowered and any(fragment in lowered for fragment in _GITHUB_FRAGMENTS)
 _TS_PATTERN = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
 
 
@@ -396,12 +405,15 @@ def _json_tree(name: str, value: object, depth: int) -> Any:
     """Copy ``value`` into plain JSON types (tuples -> lists, numpy scalars -> Python, non-finite -> None)."""
     if value is None or isinstance(value, str):
         return value
-    if is_bool(value):
-        return bool(value)
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return _finite_or_none(name, value)
+    kind = type(value)
+    # a dict or list (what loopguard builds) is no number: the container branch without the numbers ABC checks
+    if kind is not dict and kind is not list:
+        if is_bool(value):
+            return bool(value)
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, numbers.Real):
+            return _finite_or_none(name, value)
     if isinstance(value, (Mapping, list, tuple)):
         if depth >= MAX_EXTRA_DEPTH:
             msg = f"`{name}` must be nested at most {MAX_EXTRA_DEPTH} levels deep, got deeper."
@@ -555,18 +567,21 @@ class MitigationRecord:
             >>> MitigationRecord(step=3, mode="log_only", verdict="WARN", vote=0.4).to_json_dict()["vote"]
             0.4
         """
-        data = self._json_body()
+        data = self._json_body(None)
         if self.extra is not None:
             data["extra"] = _json_tree("extra", self.extra, 0)
         return data
 
-    def _json_body(self) -> dict[str, Any]:
+    def _json_body(self, ts: str | None) -> dict[str, Any]:
         """:meth:`to_json_dict` for serialising at once: ``extra``'s nested values are shared, not copied.
 
         ``extra`` was converted into plain JSON values, in containers of the record's own, when the record
-        was built; ``json.dumps`` only reads them, so the log writes them without a second copy.
+        was built; ``json.dumps`` only reads them, so the log writes them without a second copy. ``ts``,
+        when given, follows ``schema`` (the line the log writes).
         """
         data: dict[str, Any] = {"schema": LOG_SCHEMA_VERSION}
+        if ts is not None:
+            data["ts"] = ts
         for name in _FIELD_ORDER:
             value = getattr(self, name)
             if name == "signals":
@@ -612,15 +627,15 @@ class MitigationRecord:
         """
         reward_mean = reward_std = length_mean = None
         if observation is not None:
-            import numpy as np  # here: reading a log (`loopguard report`) needs neither numpy nor the kernels
-
+            # here: reading a log (`loopguard report`) needs neither numpy nor the kernels
             from loopguard.detectors import StepData
             from loopguard.signals._numeric import plain_mean, plain_std
 
             reward_mean = float(plain_mean(observation.rewards))
             reward_std = float(plain_std(observation.rewards))
             lengths = StepData(observation, warmup_steps=1).lengths
-            length_mean = None if lengths is None or not len(lengths) else float(np.mean(lengths))
+            # np.mean's value (an exact float64 sum of int64 lengths, over their count) without its wrappers
+            length_mean = None if lengths is None or not len(lengths) else float(lengths.sum()) / len(lengths)
         extra: dict[str, Any] = {}
         if decision.components:
             extra["components"] = dict(decision.components)
@@ -882,8 +897,7 @@ class MitigationLog:
         if not isinstance(record, MitigationRecord):
             _check_mapping(record)
             record = MitigationRecord.from_json_dict(record)  # type: ignore[arg-type]
-        body = record._json_body()
-        data = {"schema": body.pop("schema"), "ts": _utc_timestamp(), **body}
+        data = record._json_body(_utc_timestamp())
         text = _ENCODER.encode(data)
         if _may_hold_secret(text):
             text = _ENCODER.encode(_redact_tree(data))

@@ -916,6 +916,8 @@ def test_secret_hint_matches_whatever_the_secret_pattern_matches(text):
 @settings(max_examples=2000, deadline=None)
 @given(_SECRET_TEXT)
 @example("GHU_x BEARER :// Key")
+@example("a high ghost ghp")  # "gh" without a GitHub prefix: scanned for them, none found
+@example("thigh ghs_")
 def test_the_writers_secret_check_answers_like_the_hint(text):
     # the writer tests the JSON text (ASCII) with _may_hold_secret, a substring test per fragment
     for ascii_text in (json.dumps(text, ensure_ascii=True), json.dumps({text: [text]}, ensure_ascii=True)):
