@@ -50,12 +50,15 @@ Coefficient = tuple[Callable[[], Any], Callable[[float], Any]] | str
 
 
 def _as_beta(where: str, value: object) -> float:
-    if not isinstance(value, numbers.Real) and hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        msg = f"`{where}` must be a real number (the KL coefficient), got {describe(value)}."
-        raise LoopguardTypeError(msg)
-    result = float(value)
+    if type(value) is float:  # what trainers hold (read every step): no numbers ABC checks
+        result = value
+    else:
+        if not isinstance(value, numbers.Real) and hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            msg = f"`{where}` must be a real number (the KL coefficient), got {describe(value)}."
+            raise LoopguardTypeError(msg)
+        result = float(value)
     if not math.isfinite(result) or result < 0:
         msg = f"`{where}` must be a finite number >= 0 (the KL coefficient), got {describe(value)}."
         raise ConfigError(msg)

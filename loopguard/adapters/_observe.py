@@ -176,7 +176,18 @@ class MetricCursor:
 
     def new(self, key: str) -> list[float]:
         """Finite values appended under ``key`` since the last call."""
+        return self._new(self._read(), key)
+
+    def mean(self, key: str) -> float | None:
+        """Mean of :meth:`new`, or None when nothing new."""
+        return _mean(self.new(key))
+
+    def means(self, keys: Sequence[str]) -> dict[str, float | None]:
+        """:meth:`mean` of each of ``keys``, from one read of the metrics mapping."""
         container = self._read()
+        return {key: _mean(self._new(container, key)) for key in keys}
+
+    def _new(self, container: object, key: str) -> list[float]:
         values = container.get(key) if isinstance(container, Mapping) else None
         if not isinstance(values, list):
             return []
@@ -184,10 +195,6 @@ class MetricCursor:
         start = count if values is last and len(values) >= count else 0
         self._seen[key] = (values, len(values))
         return [v for v in _finite_row(values[start:]) if v is not None]
-
-    def mean(self, key: str) -> float | None:
-        """Mean of :meth:`new`, or None when nothing new."""
-        return _mean(self.new(key))
 
 
 def tokenize(processing_class: Any, texts: Sequence[str]) -> tuple[tuple[int, ...], ...] | None:
@@ -312,8 +319,9 @@ class IdCapture:
         """Keep the padded ids and mask of one generation step's ``output`` (see the class docs)."""
         self.generations += 1
         self.latest, self.error = None, None
-        ids = output.get("completion_ids") if isinstance(output, Mapping) else None
-        mask = output.get("completion_mask") if isinstance(output, Mapping) else None
+        ids = mask = None
+        if isinstance(output, Mapping):
+            ids, mask = output.get("completion_ids"), output.get("completion_mask")
         if getattr(ids, "ndim", None) != 2 or getattr(mask, "shape", None) != getattr(ids, "shape", ()):
             self.error = "the generation step returned no 2-D completion_ids and completion_mask of one shape"
             return
@@ -419,8 +427,22 @@ def _pick(values: Sequence[_T], keep: list[int] | None) -> Sequence[_T]:
     return values if keep is None else [values[index] for index in keep]
 
 
-def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str) -> Batch:
-    """One batch from the parts read since the last poll: unscorable rows left out, groups kept in order."""
+def _assemble(
+    step: int,
+    parts: Sequence[_Part],
+    *,
+    tokenizer: Any,
+    source: str,
+    kl: float | None = None,
+    entropy: float | None = None,
+    metrics: Mapping[str, float] | None = None,
+    notes: tuple[str, ...] = (),
+) -> Batch:
+    """One batch from the parts read since the last poll: unscorable rows left out, groups kept in order.
+
+    ``kl``, ``entropy`` and ``metrics`` are the trainer's numbers for the step; ``notes`` come before the
+    parts' own.
+    """
     names = list(parts[0].columns)
     rewards: list[float] = []
     completions: list[str] = []
@@ -463,7 +485,7 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
             "returned None for each of them), so there is nothing to observe"
         )
         raise SourceError(msg)
-    notes: tuple[str, ...] = tuple(dict.fromkeys(note for part in parts for note in part.notes))
+    notes += tuple(dict.fromkeys(note for part in parts for note in part.notes))
     if dropped:
         notes += (
             f"{dropped} unscorable completion(s) left out (every reward function returned None; TRL leaves "
@@ -486,8 +508,11 @@ def _assemble(step: int, parts: Sequence[_Part], *, tokenizer: Any, source: str)
         prompts=None if prompts is None else tuple(prompts),
         group_size=group_size,
         group_sizes=group_sizes,
+        kl=kl,
+        entropy=entropy,
         source=source,
         notes=notes,
+        metrics={} if metrics is None else dict(metrics),
     )
 
 
@@ -603,20 +628,17 @@ class GenerationSource:
         if not self._pending:
             return None
         parts, self._pending = self._pending, []
-        kl, entropy = self._metrics.mean("kl"), self._metrics.mean("entropy")
-        reported = {key: self._metrics.mean(key) for key in _TRAINER_METRICS}
-        batch = _assemble(
-            step, parts, tokenizer=getattr(self.trainer, "processing_class", None), source=self.kind
-        )
-        notes = batch.notes
-        if len(parts) > 1:
-            notes = (f"{len(parts)} generation batches fed this optimizer step; all are observed", *notes)
-        return attrs.evolve(
-            batch,
-            kl=kl,
-            entropy=entropy,
-            notes=notes,
-            metrics={key: value for key, value in reported.items() if value is not None},
+        means = self._metrics.means(("kl", "entropy", *_TRAINER_METRICS))
+        lead = (f"{len(parts)} generation batches fed this optimizer step; all are observed",)
+        return _assemble(
+            step,
+            parts,
+            tokenizer=getattr(self.trainer, "processing_class", None),
+            source=self.kind,
+            kl=means["kl"],
+            entropy=means["entropy"],
+            metrics={key: value for key in _TRAINER_METRICS if (value := means[key]) is not None},
+            notes=lead if len(parts) > 1 else (),
         )
 
 
@@ -697,8 +719,15 @@ class TapSource:
             weights=tuple(weights),
             group_size=self.group_size if grouped else None,
         )
-        batch = _assemble(step, [part], tokenizer=self.tokenizer, source=self.kind)
-        return attrs.evolve(batch, kl=kl, entropy=entropy, notes=(*notes, *batch.notes))
+        return _assemble(
+            step,
+            [part],
+            tokenizer=self.tokenizer,
+            source=self.kind,
+            kl=kl,
+            entropy=entropy,
+            notes=tuple(notes),
+        )
 
 
 class MetricSource:
