@@ -2033,9 +2033,16 @@ def _normal_score_rows(ordered: NDArray[np.float64], values: NDArray[np.float64]
     comparisons stay few (small batches, where the per-row calls would cost more than the counting).
     """
     if ordered.shape[0] * ordered.shape[1] * values.shape[1] > _BROADCAST_CELLS:
-        return np.asarray([_normal_scores(row, query) for row, query in zip(ordered, values, strict=True)])
-    grid, query = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
-    ranks = np.count_nonzero(grid < query, axis=2) + np.count_nonzero(grid <= query, axis=2)
+        # each row's ranks as _normal_scores counts them, then one lookup of the probits for all rows
+        ranks = np.asarray(
+            [
+                np.searchsorted(row, query, side="left") + np.searchsorted(row, query, side="right")
+                for row, query in zip(ordered, values, strict=True)
+            ]
+        )
+    else:
+        grid, query = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
+        ranks = np.count_nonzero(grid < query, axis=2) + np.count_nonzero(grid <= query, axis=2)
     scores: NDArray[np.float64] = _probits(ordered.shape[1])[ranks]
     return scores
 
