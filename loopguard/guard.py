@@ -38,7 +38,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import attrs
 import numpy as np
@@ -138,6 +138,8 @@ _TREND_MIN_POINTS = 6  # fewest warm-up values a trend is tested on
 
 
 def _texts(name: str, value: object) -> tuple[str, ...]:
+    if type(value) is tuple and (not value or set(map(type, value)) == {str}):  # what the adapters pass
+        return cast("tuple[str, ...]", value)
     if isinstance(value, np.ndarray) and value.dtype.kind in "UO":  # a numpy array of strings
         if value.ndim != 1:
             shape = value.shape
@@ -605,6 +607,7 @@ class Guard:
         """Validate the configuration eagerly (see the class docstring)."""
         self.detectors: tuple[Detector, ...] = as_detectors(signals)
         self._metrics = {d.name: d.metrics() for d in self.detectors}  # frozen configs: built once
+        self._roles = {d.name: d.role for d in self.detectors}
         # the detectors with something to say about their reference sample (Detector.reference_note)
         self._noting = tuple(
             d for d in self.detectors if type(d).reference_note is not Detector.reference_note
@@ -1396,11 +1399,11 @@ class Guard:
         return memory.smoothed
 
     def _combine(self, scores: dict[str, float]) -> float:
-        by_role = {d.name: d.role for d in self.detectors}
-        primary = [s for name, s in scores.items() if by_role[name] == "primary"]
+        roles = self._roles
+        primary = [s for name, s in scores.items() if roles[name] == "primary"]
         voting = list(primary)
         if max(primary, default=0.0) >= self.warn_level:
-            voting += [s for name, s in scores.items() if by_role[name] == "corroborating"]
+            voting += [s for name, s in scores.items() if roles[name] == "corroborating"]
         return self.vote.combine(voting) if voting else 0.0
 
     def step(self, observation: Observation, *, can_rollback: bool = True) -> Decision:
@@ -1455,7 +1458,7 @@ class Guard:
             self._reference_note(detector, reading)
 
         previous_vote = self._vote
-        vote = self._combine({k: v for k, v in reading.scores.items() if self._role(k) != "guard"})
+        vote = self._combine({k: v for k, v in reading.scores.items() if self._roles[k] != "guard"})
         if self.drift_guard and reading.scores.get("drift", 0.0) >= self.hack_level and vote < previous_vote:
             vote, reading.drift_held = previous_vote, True
         if reading.trends and vote < self.warn_level:
@@ -1472,9 +1475,6 @@ class Guard:
             text = f"step {observation.step}: warming up ({self._seen}/{self.warmup_steps} steps); no action."
             return self._decision(reading, "none", text)
         return self._act(reading, can_rollback)
-
-    def _role(self, name: str) -> str:
-        return next(d.role for d in self.detectors if d.name == name)
 
     def _init_beta(self, observation: Observation) -> None:
         if self._beta is None and observation.beta is not None:
