@@ -17,7 +17,7 @@ import math
 import random
 import sys
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, cast
 
 import attrs
@@ -170,6 +170,33 @@ def check_torch_state(name: str, value: object, depth: int = 0) -> None:
     ``torch.Size``, ``torch.dtype``, ``torch.device`` and dense tensors (exact types: subclasses such as
     named tuples would need unpickling).
     """
+    if _torch_state_ok(value, depth):  # the common case, read without naming every entry on the way
+        return
+    _check_torch_state_named(name, value, depth)
+
+
+def _torch_state_ok(value: object, depth: int) -> bool:
+    """Whether :func:`check_torch_state` accepts ``value`` (no message built; False: let it say why)."""
+    if depth > MAX_DEPTH:
+        return False
+    kind = type(value)
+    if kind in _TORCH_LEAVES:
+        return True
+    if isinstance(value, torch.Tensor):
+        problem = tensor_problem(value)
+        return problem is None or problem.startswith("a tensor of dtype")
+    if kind is dict or kind is collections.OrderedDict:
+        items = cast("dict[object, object]", value)
+        return all(type(key) in _TORCH_LEAVES for key in items) and all(
+            _torch_state_ok(item, depth + 1) for item in items.values()
+        )
+    if kind is list or kind is tuple or kind is set:
+        return all(_torch_state_ok(item, depth + 1) for item in cast("Iterable[object]", value))
+    return False
+
+
+def _check_torch_state_named(name: str, value: object, depth: int) -> None:
+    """:func:`check_torch_state`, naming the path to the first entry it refuses."""
     if depth > MAX_DEPTH:
         msg = f"`{name}` must be nested at most {MAX_DEPTH} levels deep."
         raise ConfigError(msg)
@@ -187,11 +214,11 @@ def check_torch_state(name: str, value: object, depth: int = 0) -> None:
             if type(key) not in _TORCH_LEAVES:
                 msg = f"`{name}` has a key of type {type(key).__name__} {describe(key)}; it cannot be saved."
                 raise LoopguardTypeError(msg)
-            check_torch_state(f"{name}[{key!r}]", item, depth + 1)
+            _check_torch_state_named(f"{name}[{key!r}]", item, depth + 1)
         return
     if isinstance(value, (list, tuple, set)) and kind in (list, tuple, set):
         for index, item in enumerate(value):
-            check_torch_state(f"{name}[{index}]", item, depth + 1)
+            _check_torch_state_named(f"{name}[{index}]", item, depth + 1)
         return
     msg = (
         f"`{name}` holds a {kind.__name__} ({describe(value)}), which torch.load(weights_only=True) cannot "

@@ -188,6 +188,35 @@ def test_optimizer_state_that_needs_unpickling_is_refused_at_save(tmp_path):
     assert manager.steps() == ()
 
 
+def test_the_torch_state_check_accepts_restorable_trees_and_names_the_first_entry_it_refuses():
+    import collections
+
+    from loopguard.checkpoint._state import MAX_DEPTH, check_torch_state
+
+    Pair = collections.namedtuple("Pair", "a b")
+    good = collections.OrderedDict(
+        w=torch.zeros(2), meta=[1, 2.5, "x", None, True, b"b", 1j, torch.Size([2]), torch.float32],
+        groups=({"lr": 0.1, 3: {torch.device("cpu")}},), half=torch.zeros(2, dtype=torch.complex64),
+    )  # fmt: skip
+    check_torch_state("state", good)  # a dtype safetensors cannot hold is left to the checkpoint's own rule
+    deep: object = 1.0
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    cases = [
+        ({"a": [1, {"b": Pair(1, 2)}]}, LoopguardTypeError, "`state['a'][1]['b']` holds a Pair"),
+        ({"a": [1, {(1, 2): 3}]}, LoopguardTypeError, "`state['a'][1]` has a key of type tuple"),
+        (
+            {"a": ({"x": torch.zeros(2).to_sparse()},)},
+            LoopguardTypeError,
+            "`state['a'][0]['x']` is a torch.sparse",
+        ),
+        ({"a": deep}, ConfigError, "levels deep"),
+    ]
+    for state, error, message in cases:
+        with pytest.raises(error, match=re.escape(message)):
+            check_torch_state("state", state)
+
+
 def test_steps_must_increase(manager_factory):
     manager = manager_factory()
     manager.save(10, _model())
