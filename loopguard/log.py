@@ -132,8 +132,8 @@ _CLOEXEC: int = getattr(os, "O_CLOEXEC", 0)
 _NONBLOCK: int = getattr(os, "O_NONBLOCK", 0)
 # one encoder for every record (json.dumps with these options builds a new one per call). No check for
 # circular references: a record's JSON is a tree loopguard built (_json_body, with ``extra`` copied by
-# _json_tree, which refuses nesting deeper than MAX_EXTRA_DEPTH), so it holds no cycle; the check keeps a
-# dictionary of every container the encoder enters, about a third of a record's encoding time.
+# _json_tree, which refuses nesting deeper than MAX_EXTRA_DEPTH), so it holds no cycle, and the check's
+# bookkeeping (an entry per container the encoder enters) is spared: about 1 of a record's 19 us (warm).
 _ENCODER = json.JSONEncoder(ensure_ascii=True, allow_nan=False, check_circular=False, separators=(",", ":"))
 _REDACTED = "[REDACTED]"
 # What redact_secrets replaces. re.ASCII: the case-insensitive parts fold ASCII letters only (else "ſ" and
