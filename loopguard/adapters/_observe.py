@@ -629,7 +629,6 @@ class GenerationSource:
             return None
         parts, self._pending = self._pending, []
         means = self._metrics.means(("kl", "entropy", *_TRAINER_METRICS))
-        lead = (f"{len(parts)} generation batches fed this optimizer step; all are observed",)
         return _assemble(
             step,
             parts,
@@ -638,7 +637,9 @@ class GenerationSource:
             kl=means["kl"],
             entropy=means["entropy"],
             metrics={key: value for key in _TRAINER_METRICS if (value := means[key]) is not None},
-            notes=lead if len(parts) > 1 else (),
+            notes=(f"{len(parts)} generation batches fed this optimizer step; all are observed",)
+            if len(parts) > 1
+            else (),
         )
 
 

@@ -17,7 +17,7 @@ import math
 import random
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, cast
 
 import attrs
@@ -170,35 +170,25 @@ def check_torch_state(name: str, value: object, depth: int = 0) -> None:
     ``torch.Size``, ``torch.dtype``, ``torch.device`` and dense tensors (exact types: subclasses such as
     named tuples would need unpickling).
     """
-    if _torch_state_ok(value, depth):  # the common case, read without naming every entry on the way
-        return
-    _check_torch_state_named(name, value, depth)
+    _check_torch_state(value, depth, (name,))
 
 
-def _torch_state_ok(value: object, depth: int) -> bool:
-    """Whether :func:`check_torch_state` accepts ``value`` (no message built; False: let it say why)."""
+# where an entry lies: (name,) at the top, else (the parent's path, its key or index); the text is made only
+# for an error, so a restorable tree is read without formatting a name for every entry
+_Path = tuple[Any, ...]
+
+
+def _path_name(path: _Path) -> str:
+    keys: list[object] = []
+    while len(path) == 2:
+        path, key = path
+        keys.append(key)
+    return str(path[0]) + "".join(f"[{key!r}]" for key in reversed(keys))
+
+
+def _check_torch_state(value: object, depth: int, path: _Path) -> None:
     if depth > MAX_DEPTH:
-        return False
-    kind = type(value)
-    if kind in _TORCH_LEAVES:
-        return True
-    if isinstance(value, torch.Tensor):
-        problem = tensor_problem(value)
-        return problem is None or problem.startswith("a tensor of dtype")
-    if kind is dict or kind is collections.OrderedDict:
-        items = cast("dict[object, object]", value)
-        return all(type(key) in _TORCH_LEAVES for key in items) and all(
-            _torch_state_ok(item, depth + 1) for item in items.values()
-        )
-    if kind is list or kind is tuple or kind is set:
-        return all(_torch_state_ok(item, depth + 1) for item in cast("Iterable[object]", value))
-    return False
-
-
-def _check_torch_state_named(name: str, value: object, depth: int) -> None:
-    """:func:`check_torch_state`, naming the path to the first entry it refuses."""
-    if depth > MAX_DEPTH:
-        msg = f"`{name}` must be nested at most {MAX_DEPTH} levels deep."
+        msg = f"`{_path_name(path)}` must be nested at most {MAX_DEPTH} levels deep."
         raise ConfigError(msg)
     kind = type(value)
     if kind in _TORCH_LEAVES:
@@ -206,23 +196,26 @@ def _check_torch_state_named(name: str, value: object, depth: int) -> None:
     if isinstance(value, torch.Tensor):
         problem = tensor_problem(value)
         if problem is not None and not problem.startswith("a tensor of dtype"):
-            msg = f"`{name}` is {problem}; it cannot be saved."
+            msg = f"`{_path_name(path)}` is {problem}; it cannot be saved."
             raise LoopguardTypeError(msg)
         return
     if isinstance(value, dict) and kind in (dict, collections.OrderedDict):
         for key, item in value.items():
             if type(key) not in _TORCH_LEAVES:
-                msg = f"`{name}` has a key of type {type(key).__name__} {describe(key)}; it cannot be saved."
+                msg = (
+                    f"`{_path_name(path)}` has a key of type {type(key).__name__} {describe(key)}; it cannot "
+                    "be saved."
+                )
                 raise LoopguardTypeError(msg)
-            _check_torch_state_named(f"{name}[{key!r}]", item, depth + 1)
+            _check_torch_state(item, depth + 1, (path, key))
         return
     if isinstance(value, (list, tuple, set)) and kind in (list, tuple, set):
         for index, item in enumerate(value):
-            _check_torch_state_named(f"{name}[{index}]", item, depth + 1)
+            _check_torch_state(item, depth + 1, (path, index))
         return
     msg = (
-        f"`{name}` holds a {kind.__name__} ({describe(value)}), which torch.load(weights_only=True) cannot "
-        "restore: checkpoints never unpickle arbitrary objects."
+        f"`{_path_name(path)}` holds a {kind.__name__} ({describe(value)}), which "
+        "torch.load(weights_only=True) cannot restore: checkpoints never unpickle arbitrary objects."
     )
     raise LoopguardTypeError(msg)
 
