@@ -428,7 +428,7 @@ class Repetition(_NgramDetector):
         rate = float(plain_mean(rates))
         if not self.against_baseline:
             return {"rate": rate}
-        return {"rate": rate, "trapped": int(np.count_nonzero(rates >= self.trap_rate)) / len(rates)}
+        return {"rate": rate, "trapped": int((rates >= self.trap_rate).sum()) / len(rates)}
 
 
 @attrs.frozen
@@ -506,7 +506,7 @@ def _by_key_then_row(
     One stable sort: equal keys keep the order of their positions (row-major), so each key's completions come
     in order and a completion holds a key once where the completion changes within the key's run.
     """
-    order = np.argsort(key, kind="stable")
+    order = key.argsort(kind="stable")
     ordered, row = key[order], rows[order]
     new = np.empty(len(ordered), dtype=bool)
     new[:1] = True
@@ -790,7 +790,7 @@ def _lookup(stored: object, values: object, keys: NDArray[np.uint64], default: f
     found_values = np.full(len(keys), float(default), dtype=np.float64)
     if len(stored_keys) == 0:
         return found_values
-    position = np.minimum(np.searchsorted(stored_keys, keys), len(stored_keys) - 1)
+    position = np.minimum(stored_keys.searchsorted(keys), len(stored_keys) - 1)
     found = stored_keys[position] == keys
     found_values[found] = np.asarray(values, dtype=np.float64)[position[found]]
     return found_values
@@ -807,7 +807,7 @@ def _window_entry(keys: NDArray[np.uint64], values: NDArray[np.float64], bound: 
         ranked = np.argpartition(values, len(values) - _WINDOW_KEPT - 1)
         kept = ranked[-_WINDOW_KEPT:]
         bound = max(bound, float(values[ranked[-_WINDOW_KEPT - 1]]))
-    kept = kept[np.argsort(keys[kept])]  # stored by key, for lookups
+    kept = kept[keys[kept].argsort()]  # stored by key, for lookups
     return {"keys": keys[kept].tolist(), "excess": values[kept].tolist(), "bound": bound}
 
 
@@ -878,7 +878,8 @@ class Length(Detector):
         if lengths is None or len(lengths) != len(rewards) or len(rewards) < 2:
             return None
         rho = signals.reward_length_correlation(rewards, lengths, method="spearman")
-        return {"correlation": rho, "mean_length": float(np.mean(lengths))}
+        mean_length = float(np.add.reduce(lengths, dtype=np.float64)) / len(lengths)  # np.mean's arithmetic
+        return {"correlation": rho, "mean_length": mean_length}
 
     def combine(
         self, scores: Mapping[str, float], raw: Raw, baselines: Mapping[str, tuple[float, float]]
@@ -965,7 +966,7 @@ class RewardDrift(Detector):
         """
         rewards = data.observation.rewards
         reference = memory.setdefault("reference", [])
-        exponent = int(np.frexp(float(np.max(np.abs(rewards))))[1]) if len(rewards) else 0
+        exponent = int(np.frexp(float(np.abs(rewards).max()))[1]) if len(rewards) else 0
         spread = float(np.ldexp(plain_std(np.ldexp(rewards, -exponent)), exponent))  # scaled: cannot overflow
         if not memory.get("frozen"):
             reference.extend(float(r) for r in rewards)
@@ -1544,7 +1545,8 @@ class JudgeGap(Detector):
         batches = self._pool_arrays(history[: self.recent])
         # each member's scores over the pool, batch after batch (batches may differ in size)
         rows = np.concatenate([batch[members] for batch in batches], axis=1)
-        ordered, pooled = np.sort(rows, axis=1), rows.shape[1]
+        ordered, pooled = rows.copy(), rows.shape[1]
+        ordered.sort(axis=1)
         queries = np.concatenate([rows, scores[members]], axis=1)  # the pool itself, then the batch
         z = _normal_score_rows(ordered, queries)
         agree = np.minimum(r, _pool_agreement(z[:, :pooled]))
@@ -1835,7 +1837,7 @@ def _group_rows(observation: Any, rows: int) -> tuple[NDArray[np.int64], NDArray
     counts = np.asarray(sizes, dtype=np.int64)
     if not len(counts) or int(counts.max()) < 2:
         return None
-    return np.repeat(np.arange(len(counts)), counts), counts.astype(np.float64)
+    return np.arange(len(counts)).repeat(counts), counts.astype(np.float64)
 
 
 def _member_rows(judges: list[int]) -> slice | list[int]:
@@ -1854,9 +1856,9 @@ def _token_rows(
     tokens, ids = data.tokens, _stable_ids(data)
     if tokens is None or ids is None:
         return None
-    ordered, row, new, first = _by_key_then_row(ids, np.repeat(np.arange(tokens.n_rows), tokens.lengths))
+    ordered, row, new, first = _by_key_then_row(ids, tokens.row_ids())
     key, row, new = ordered[first], row[first], new[first]
-    return key[new], np.cumsum(new) - 1, row
+    return key[new], new.cumsum() - 1, row
 
 
 def _token_gaps(
@@ -1911,7 +1913,7 @@ def _token_gaps(
     run[:1] = True
     np.not_equal(token[1:], token[:-1], out=run[1:])
     run[1:] |= pair_group[1:] != pair_group[:-1]
-    starts = np.flatnonzero(run)
+    starts = run.nonzero()[0]
     held = np.empty(len(starts), dtype=np.float64)  # each run's length
     held[:-1] = starts[1:] - starts[:-1]
     held[-1] = len(token) - starts[-1]
@@ -1932,7 +1934,7 @@ def _token_gaps(
     strict = max(margin, _family_margin(int(np.count_nonzero(read)), freedom))
     excess = (-pay - strict * pay_se) / np.where(read, slope + margin * slope_se, 1.0) / spreads[0]
     gap = excess * holding / len(group)  # the pay beyond the judges, times the share holding the token
-    kept = np.flatnonzero(read)
+    kept = read.nonzero()[0]
     gap = gap[kept]
     np.minimum(np.maximum(gap, _LOWEST_GAP, out=gap), _HIGHEST_GAP, out=gap)  # np.clip's checks cost more
     return keys[kept], gap
@@ -2005,7 +2007,7 @@ def _ceilings(ordered: NDArray[np.float64]) -> NDArray[np.float64]:
     best score was given once may score higher still (no ceiling is known: inf).
     """
     n = ordered.shape[1]
-    tied = np.count_nonzero(ordered == ordered[:, -1:], axis=1)
+    tied = (ordered == ordered[:, -1:]).sum(axis=1, dtype=np.intp)  # np.count_nonzero's arithmetic
     return np.where(tied >= 2, _probits(n)[2 * n - tied], math.inf)
 
 
@@ -2036,13 +2038,13 @@ def _normal_score_rows(ordered: NDArray[np.float64], values: NDArray[np.float64]
         # each row's ranks as _normal_scores counts them, then one lookup of the probits for all rows
         ranks = np.asarray(
             [
-                np.searchsorted(row, query, side="left") + np.searchsorted(row, query, side="right")
+                row.searchsorted(query, side="left") + row.searchsorted(query, side="right")
                 for row, query in zip(ordered, values, strict=True)
             ]
         )
     else:
         grid, query = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
-        ranks = np.count_nonzero(grid < query, axis=2) + np.count_nonzero(grid <= query, axis=2)
+        ranks = (grid < query).sum(axis=2, dtype=np.intp) + (grid <= query).sum(axis=2, dtype=np.intp)
     scores: NDArray[np.float64] = _probits(ordered.shape[1])[ranks]
     return scores
 

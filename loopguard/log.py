@@ -628,14 +628,17 @@ class MitigationRecord:
         reward_mean = reward_std = length_mean = None
         if observation is not None:
             # here: reading a log (`loopguard report`) needs neither numpy nor the kernels
+            import numpy as np
+
             from loopguard.detectors import StepData
             from loopguard.signals._numeric import plain_mean, plain_std
 
             reward_mean = float(plain_mean(observation.rewards))
             reward_std = float(plain_std(observation.rewards))
             lengths = StepData(observation, warmup_steps=1).lengths
-            # np.mean's value (an exact float64 sum of int64 lengths, over their count) without its wrappers
-            length_mean = None if lengths is None or not len(lengths) else float(lengths.sum()) / len(lengths)
+            # np.mean's arithmetic (a float64 sum of the int64 lengths, over their count) without its wrappers
+            if lengths is not None and len(lengths):
+                length_mean = float(np.add.reduce(lengths, dtype=np.float64)) / len(lengths)
         extra: dict[str, Any] = {}
         if decision.components:
             extra["components"] = dict(decision.components)

@@ -32,6 +32,7 @@ import numpy as np
 from loopguard._validation import check_choice, describe, integer, real
 from loopguard.exceptions import LoopguardTypeError
 from loopguard.signals import ema_update, rolling_median
+from loopguard.signals._numeric import plain_mean
 
 __all__ = [
     "EMA",
@@ -167,7 +168,9 @@ class Conservative(Vote):
     def combine(self, scores: Sequence[float]) -> float:
         """Max on disagreement, mean otherwise."""
         spread = max(scores) - min(scores)
-        return max(scores) if spread > self.tolerance else float(np.mean(scores))
+        if spread > self.tolerance:
+            return max(scores)
+        return float(plain_mean(np.asarray(scores, dtype=np.float64)))  # np.mean's arithmetic, no wrappers
 
 
 @attrs.frozen

@@ -437,7 +437,7 @@ def _wasserstein(u: NDArray[np.float64], v: NDArray[np.float64], *, v_sorted: bo
     """
     values = np.concatenate((u, v))
     values.sort(kind="mergesort")
-    deltas = np.diff(values)
+    deltas = values[1:] - values[:-1]
     u_cdf = np.sort(u).searchsorted(values[:-1], "right") / u.size
     v_cdf = (v if v_sorted else np.sort(v)).searchsorted(values[:-1], "right") / v.size
     gaps = np.abs(u_cdf - v_cdf)
@@ -569,7 +569,7 @@ class DriftReference:
         now = as_float_array("current", current, max_len=MAX_TRAJECTORIES)
         # W1 scales with the data: compute it on both samples divided by one power of two (exact, and order-
         # preserving: the reference stays sorted), so the gaps between sorted values cannot overflow.
-        exponent = pow2_exponent(max(float(np.max(np.abs(now))), self.max_abs))
+        exponent = pow2_exponent(max(float(np.abs(now).max()), self.max_abs))
         scaled = _wasserstein(np.ldexp(now, -exponent), np.ldexp(self.ordered, -exponent), v_sorted=True)
         scale, scale_exponent = self.scale
         if scale == 0.0:  # a constant reference

@@ -248,7 +248,8 @@ def repetition_rates(batch: TokenBatch, n: int) -> NDArray[np.float64]:
 def _per_row_fraction(batch: TokenBatch, n: int, *, repeated: bool) -> NDArray[np.float64]:
     """Per-row share of repeated (``repeated=True``, 0.0 without n-grams) or distinct (1.0) n-grams."""
     distinct, total = _ngram_counts(batch, n, per_row=True)
-    fraction = np.full(batch.n_rows, 0.0 if repeated else 1.0)
+    fraction = np.empty(batch.n_rows)
+    fraction.fill(0.0 if repeated else 1.0)
     np.divide(total - distinct if repeated else distinct, total, out=fraction, where=total > 0)
     return fraction
 

@@ -106,7 +106,7 @@ class TokenBatch:
             tokens = tokens.astype(np.int64)
         lengths = keep.sum(axis=1, dtype=np.int64)
         offsets = np.zeros(array.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
+        lengths.cumsum(out=offsets[1:])
         batch = _owned(tokens, offsets)
         if batch.frozen():  # what the checks below and the kernels read, known here: not scanned again
             batch._keep("lengths", lengths)
@@ -141,7 +141,7 @@ class TokenBatch:
     @property
     def lengths(self) -> NDArray[np.int64]:
         """Number of tokens in each sequence (read-only and computed once for a :meth:`frozen` batch)."""
-        return self._kept("lengths", lambda: np.diff(self.offsets))
+        return self._kept("lengths", lambda: self.offsets[1:] - self.offsets[:-1])
 
     def row_ids(self) -> NDArray[np.int64]:
         """Row index of every token, aligned with :attr:`tokens` (read-only and computed once when frozen)."""
@@ -207,7 +207,7 @@ def _from_strings(sequences: Sequence[str]) -> TokenBatch:
     flat = [lookup(word, len(vocabulary)) for word in itertools.chain.from_iterable(words_per_row)]
     lengths = np.fromiter((len(words) for words in words_per_row), dtype=np.int64, count=len(sequences))
     offsets = np.zeros(len(sequences) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths.cumsum(out=offsets[1:])
     return _owned(np.asarray(flat, dtype=np.int64), offsets)
 
 
@@ -229,7 +229,7 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
         return None
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths.cumsum(out=offsets[1:])
     batch = _owned(tokens, offsets)
     if batch.frozen():  # known here: the cap check and the kernels read the lengths without a diff
         batch._keep("lengths", lengths)
@@ -253,7 +253,7 @@ def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
             raise InputError(msg)
     lengths = np.fromiter((row.size for row in arrays), dtype=np.int64, count=len(arrays))
     offsets = np.zeros(len(arrays) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
+    lengths.cumsum(out=offsets[1:])
     # Empty rows convert to float64 arrays; leave them out so ids are never routed through float64.
     non_empty = [row for row in arrays if row.size]
     tokens = np.concatenate(non_empty, dtype=np.int64) if non_empty else np.zeros(0, np.int64)
