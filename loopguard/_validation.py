@@ -711,17 +711,21 @@ def as_float_array(
     """
     import numpy as np
 
-    array = to_numpy(name, value)
-    if array.dtype.kind == "b":
-        msg = f"`{name}` must hold numbers, got booleans (convert with .astype(float) if intended)."
-        raise LoopguardTypeError(msg)
-    if array.dtype.kind == "O" and isinstance(value, (list, tuple)):
-        array = _python_reals(name, array)  # e.g. floats mixed with ints beyond int64
-    if array.dtype.kind not in "iuf":
-        msg = f"`{name}` must hold real numbers, got dtype {array.dtype}."
-        raise LoopguardTypeError(msg)
-    _check_array_shape(name, array, ndim, allow_empty, max_len, shape)
-    result = np.asarray(array, dtype=np.float64)
+    if type(value) is np.ndarray and value.dtype == np.float64:  # the kernels' own arrays: none to convert
+        result: NDArray[np.float64] = value
+        _check_array_shape(name, result, ndim, allow_empty, max_len, shape)
+    else:
+        array = to_numpy(name, value)
+        if array.dtype.kind == "b":
+            msg = f"`{name}` must hold numbers, got booleans (convert with .astype(float) if intended)."
+            raise LoopguardTypeError(msg)
+        if array.dtype.kind == "O" and isinstance(value, (list, tuple)):
+            array = _python_reals(name, array)  # e.g. floats mixed with ints beyond int64
+        if array.dtype.kind not in "iuf":
+            msg = f"`{name}` must hold real numbers, got dtype {array.dtype}."
+            raise LoopguardTypeError(msg)
+        _check_array_shape(name, array, ndim, allow_empty, max_len, shape)
+        result = np.asarray(array, dtype=np.float64)
     if finite and result.size and not np.isfinite(result).all():
         index = tuple(int(i) for i in np.argwhere(~np.isfinite(result))[0])
         msg = f"`{name}` must be finite, got {float(result[index])} at index {index}."

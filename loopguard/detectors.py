@@ -787,7 +787,8 @@ _LOWEST = -8.5
 def _lookup(stored: object, values: object, keys: NDArray[np.uint64], default: float) -> NDArray[np.float64]:
     """The value stored for each of ``keys`` (``stored`` sorted, one value each), ``default`` where absent."""
     stored_keys = np.asarray(stored, dtype=np.uint64)
-    found_values = np.full(len(keys), float(default), dtype=np.float64)
+    found_values = np.empty(len(keys), dtype=np.float64)
+    found_values.fill(float(default))
     if len(stored_keys) == 0:
         return found_values
     position = np.minimum(stored_keys.searchsorted(keys), len(stored_keys) - 1)
@@ -1833,7 +1834,9 @@ def _group_rows(observation: Any, rows: int) -> tuple[NDArray[np.int64], NDArray
     if sizes is None:
         if size is None or size < 2:
             return None
-        return np.arange(rows, dtype=np.int64) // size, np.full(rows // size, float(size))
+        sizes = np.empty(rows // size)
+        sizes.fill(float(size))
+        return np.arange(rows, dtype=np.int64) // size, sizes
     counts = np.asarray(sizes, dtype=np.int64)
     if not len(counts) or int(counts.max()) < 2:
         return None
@@ -1980,7 +1983,7 @@ def _pool_agreement(z: NDArray[np.float64]) -> NDArray[np.float64]:
     At least 0; 0 for a member with no spread in the pool (all of them when the trained reward has none).
     """
     agreement = np.zeros(len(z) - 1, dtype=np.float64)
-    spread = z.max(axis=1) - z.min(axis=1)  # np.ptp's arithmetic
+    spread = np.maximum.reduce(z, axis=1) - np.minimum.reduce(z, axis=1)  # np.ptp's arithmetic
     if spread[0] == 0.0:
         return agreement
     centred = z - plain_mean(z, axis=1)[:, np.newaxis]
@@ -2036,12 +2039,9 @@ def _normal_score_rows(ordered: NDArray[np.float64], values: NDArray[np.float64]
     """
     if ordered.shape[0] * ordered.shape[1] * values.shape[1] > _BROADCAST_CELLS:
         # each row's ranks as _normal_scores counts them, then one lookup of the probits for all rows
-        ranks = np.asarray(
-            [
-                row.searchsorted(query, side="left") + row.searchsorted(query, side="right")
-                for row, query in zip(ordered, values, strict=True)
-            ]
-        )
+        ranks = np.empty(values.shape, dtype=np.intp)
+        for row, query, rank in zip(ordered, values, ranks, strict=True):
+            np.add(row.searchsorted(query, side="left"), row.searchsorted(query, side="right"), out=rank)
     else:
         grid, query = ordered[:, np.newaxis, :], values[:, :, np.newaxis]
         ranks = (grid < query).sum(axis=2, dtype=np.intp) + (grid <= query).sum(axis=2, dtype=np.intp)
