@@ -967,7 +967,7 @@ class RewardDrift(Detector):
         """
         rewards = data.observation.rewards
         reference = memory.setdefault("reference", [])
-        exponent = int(np.frexp(float(np.abs(rewards).max()))[1]) if len(rewards) else 0
+        exponent = math.frexp(float(np.abs(rewards).max()))[1] if len(rewards) else 0  # np.frexp's exponent
         spread = float(np.ldexp(plain_std(np.ldexp(rewards, -exponent)), exponent))  # scaled: cannot overflow
         if not memory.get("frozen"):
             reference.extend(float(r) for r in rewards)

@@ -280,17 +280,24 @@ class IdCapture:
       non-pad id: length and repetition signals see the truncated completions (the long ones a length hack
       makes) instead of empty rows.
 
-    A failure to read them is kept in :attr:`error` and reported by the source (the texts are then encoded
-    with the trainer's tokenizer, and the batch says so); it never breaks the trainer's step.
+    The generation step keeps the tensors it returned (gathered first where there are several processes);
+    they are read into numpy when the batch is read (:attr:`latest`, at the end of the optimizer step, where
+    the rest of the batch is converted): TRL never changes them after returning them (it shuffles copies of
+    their rows into its buffer). A failure to read them is kept in :attr:`error` and reported by the source
+    (the texts are then encoded with the trainer's tokenizer, and the batch says so); it never breaks the
+    trainer's step.
     """
 
     def __init__(self, trainer: Any) -> None:
         """Capture for ``trainer``; use :meth:`install`."""
         self.trainer = trainer
-        self.latest: Padded | None = None
         self.error: str | None = None
         self.generations = 0
-        self.seconds = 0.0  # spent reading (and gathering) the ids, inside the trainer's generation steps
+        self.seconds = 0.0  # spent keeping (and gathering) the ids, inside the trainer's generation steps
+        self._latest: Padded | None = None
+        # the newest generation step's ids and mask, not yet read on the host, whether TRL masked its
+        # truncated completions, and the pad id when the gather read it
+        self._unread: tuple[Any, Any, bool, int | None] | None = None
 
     @classmethod
     def install(cls, trainer: Any) -> IdCapture | None:
@@ -318,7 +325,7 @@ class IdCapture:
     def record(self, output: object) -> None:
         """Keep the padded ids and mask of one generation step's ``output`` (see the class docs)."""
         self.generations += 1
-        self.latest, self.error = None, None
+        self._latest, self._unread, self.error = None, None, None
         ids = mask = None
         if isinstance(output, Mapping):
             ids, mask = output.get("completion_ids"), output.get("completion_mask")
@@ -329,18 +336,34 @@ class IdCapture:
             accelerator: Any = getattr(self.trainer, "accelerator", None)
             gathered = accelerator is not None and getattr(accelerator, "num_processes", 1) > 1
             truncated = bool(getattr(self.trainer, "mask_truncated_completions", False))
-            # the tokenizer's pad id only where it is used (reading it costs a tokenizer lookup a generation)
-            pad = self._pad_id() if gathered or truncated else None
-            if gathered:
+            pad = None
+            if gathered:  # every rank gathers here, inside the generation step, as TRL gathers its logs
+                pad = self._pad_id()
                 ids = accelerator.gather(accelerator.pad_across_processes(ids, dim=1, pad_index=pad or 0))
                 mask = accelerator.gather(accelerator.pad_across_processes(mask, dim=1, pad_index=0))
-            host_ids = to_numpy("completion_ids", ids)
-            host_mask = to_numpy("completion_mask", mask) != 0
-            if truncated:
-                _restore_truncated(host_ids, host_mask, pad)
-            self.latest = Padded(host_ids, host_mask)
+            self._unread = (ids, mask, truncated, pad)
         except Exception as error:  # reported by the source on every batch; never raised into TRL's step
             self.error = f"{type(error).__name__}: {error}"
+
+    @property
+    def latest(self) -> Padded | None:
+        """The newest generation step's ids and mask on the host (read on first use), or None.
+
+        None when it returned none or they could not be read (:attr:`error` says why).
+        """
+        if self._unread is not None:
+            ids, mask, truncated, pad = self._unread
+            self._unread = None
+            try:
+                host_ids = to_numpy("completion_ids", ids)
+                host_mask = to_numpy("completion_mask", mask) != 0
+                if truncated:
+                    # the tokenizer's pad id only where it is used (reading it costs a tokenizer lookup)
+                    _restore_truncated(host_ids, host_mask, self._pad_id() if pad is None else pad)
+                self._latest = Padded(host_ids, host_mask)
+            except Exception as error:  # reported by the source; never raised into TRL's step
+                self.error = f"{type(error).__name__}: {error}"
+        return self._latest
 
     def _pad_id(self) -> int | None:
         processing = getattr(self.trainer, "processing_class", None)

@@ -224,7 +224,8 @@ def clone_tree(value: Any) -> Any:
     """Deep-copy a torch-state tree, cloning tensors to CPU (leaves are immutable and shared)."""
     if isinstance(value, torch.Tensor):
         # a state_dict's tensors are already detached: one copy, without a detached view made first
-        return (value.detach() if value.requires_grad else value).to("cpu", copy=True)
+        tensor = value.detach() if value.requires_grad else value
+        return tensor.clone() if tensor.is_cpu else tensor.to("cpu", copy=True)  # clone: the same, cheaper
     if isinstance(value, dict):
         return type(value)((key, clone_tree(item)) for key, item in value.items())
     if isinstance(value, list):

@@ -438,7 +438,9 @@ def _wasserstein(u: NDArray[np.float64], v: NDArray[np.float64], *, v_sorted: bo
     values = np.concatenate((u, v))
     values.sort(kind="mergesort")
     deltas = values[1:] - values[:-1]
-    u_cdf = np.sort(u).searchsorted(values[:-1], "right") / u.size
+    u_sorted = u.copy()  # np.sort's copy and sort, without its wrapper
+    u_sorted.sort()
+    u_cdf = u_sorted.searchsorted(values[:-1], "right") / u.size
     v_cdf = (v if v_sorted else np.sort(v)).searchsorted(values[:-1], "right") / v.size
     gaps = np.abs(u_cdf - v_cdf)
     if hasattr(np, "vecdot"):  # numpy >= 2, as scipy does
@@ -574,8 +576,10 @@ class DriftReference:
         scale, scale_exponent = self.scale
         if scale == 0.0:  # a constant reference
             return 0.0 if scaled == 0.0 else math.inf
-        with np.errstate(over="ignore"):
-            standardized = float(np.ldexp(scaled / scale, exponent - scale_exponent))
+        try:  # np.ldexp's bits (C's ldexp); an overflow raises here instead of giving inf
+            standardized = math.ldexp(scaled / scale, exponent - scale_exponent)
+        except OverflowError:
+            standardized = math.inf
         if not math.isfinite(standardized):
             msg = (
                 "`current` must be within ~1.8e308 reference scales of `reference`: the standardised "

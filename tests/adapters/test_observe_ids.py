@@ -80,6 +80,21 @@ def test_the_capture_is_installed_once_and_reports_what_it_cannot_read():
     assert IdCapture.install(object()) is None  # nothing to wrap
 
 
+def test_ids_that_cannot_be_read_on_the_host_are_reported_when_the_batch_is_read():
+    import torch
+
+    trainer = _Trainer()
+    capture = IdCapture.install(trainer)
+    assert capture is not None
+    meta = torch.empty((2, 3), dtype=torch.int64, device="meta")  # a shape, and no data to read
+    trainer._generate_and_score_completions({"completion_ids": meta, "completion_mask": meta})
+    assert capture.error is None  # the generation step only kept them
+    assert capture.latest is None
+    assert capture.error is not None
+    assert "completion_ids" in capture.error
+    assert "meta" in capture.error
+
+
 class _CountingTokenizer:
     """A tokenizer whose pad id says how often it was read."""
 
@@ -103,8 +118,8 @@ def test_the_pad_id_is_read_only_where_truncated_completions_need_it():
     assert _rows(capture.latest) == [[], [6]]
     trainer.mask_truncated_completions = True
     trainer._generate_and_score_completions({"completion_ids": ids, "completion_mask": mask})
+    assert _rows(capture.latest) == [[3, 4, 5], [6]]  # read when the batch is read, the pad id with it
     assert tokenizer.reads == 1
-    assert _rows(capture.latest) == [[3, 4, 5], [6]]
 
 
 _LOGGED = st.one_of(
