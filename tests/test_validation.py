@@ -219,6 +219,25 @@ def test_as_float_array_converts_and_checks():
         as_float_array("rewards", [[1, 2], [3]])
 
 
+def test_a_float64_array_is_taken_as_it_is_with_the_same_checks():
+    values = np.array([0.5, 1.5])
+    assert as_float_array("rewards", values) is values  # nothing to convert: no copy
+    with pytest.raises(InputError, match=re.escape("`rewards` must be a 1-D array, got shape (1, 2).")):
+        as_float_array("rewards", values[np.newaxis])
+    with pytest.raises(InputError, match=re.escape("`rewards` must not be empty, got shape (0,).")):
+        as_float_array("rewards", np.zeros(0))
+    with pytest.raises(InputError, match=re.escape("`rewards` must have at most 1 rows (DoS cap), got 2.")):
+        as_float_array("rewards", values, max_len=1)
+    with pytest.raises(InputError, match=re.escape("`rewards` must be finite, got nan at index (1,).")):
+        as_float_array("rewards", np.array([0.5, np.nan]))
+    assert as_float_array("rewards", np.array([0.5, np.inf]), finite=False)[1] == np.inf
+    swapped = np.array([0.5, 1.5], dtype=">f8")  # float64 in the other byte order: converted, not kept
+    out = as_float_array("rewards", swapped)
+    assert out.dtype == np.float64
+    assert out is not swapped
+    np.testing.assert_array_equal(out, [0.5, 1.5])
+
+
 def test_as_float_array_accepts_torch_tensors_without_torch_import_cost():
     torch = pytest.importorskip("torch", reason="torch is part of the `hf` extra")
     tensor = torch.tensor([1.0, 2.0], dtype=torch.bfloat16, requires_grad=True)
