@@ -654,6 +654,8 @@ def scalar_value(name: str, value: object) -> object:
         ...
         loopguard.exceptions.InputError: `kl` must be a single number (a 0-d or one-element array or tensor), got shape (2,).
     """  # noqa: E501
+    if type(value) is float or type(value) is int:  # what trainers log, passed on without the ABC checks
+        return value
     import numpy as np
 
     if isinstance(value, (numbers.Number, str, bytes)) or value is None or is_bool(value):

@@ -102,7 +102,7 @@ class Median(Smoother):
     def smooth(self, recent: Sequence[float], score: float, *, previous: float) -> tuple[list[float], float]:
         """Append ``score`` to the window and take its median."""
         kept = [*recent, score][-self.window :]
-        if all(_plain(value) for value in kept):  # the same arithmetic, without the array round trip
+        if all(map(_plain, kept)):  # the same arithmetic, without the array round trip
             ordered = sorted(kept)
             low, high = ordered[(len(ordered) - 1) // 2], ordered[len(ordered) // 2]
             middle = (low + high) / 2.0

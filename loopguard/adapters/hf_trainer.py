@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import os
 import warnings
 from collections.abc import Mapping, Sequence
@@ -398,8 +399,11 @@ def _normalises_advantages(args: Any) -> bool:
     return bool(getattr(args, "normalize_advantages", False))
 
 
+_EVAL_KEY = operator.methodcaller("startswith", ("eval_", "test_"))
+
+
 def _is_eval_log(logs: Mapping[str, Any]) -> bool:
-    return any(str(key).startswith(("eval_", "test_")) for key in logs)
+    return any(map(_EVAL_KEY, map(str, logs)))
 
 
 def _inject(state: TrainerState, logs: dict[str, Any], metrics: Mapping[str, Any]) -> None:
@@ -410,7 +414,7 @@ def _inject(state: TrainerState, logs: dict[str, Any], metrics: Mapping[str, Any
     if (
         isinstance(entry, dict)
         and entry.get("step") == state.global_step
-        and all(key in entry for key in logs if key not in metrics)
+        and entry.keys() >= logs.keys() - metrics.keys()  # every key of the log but ours
     ):
         entry.update(metrics)
 

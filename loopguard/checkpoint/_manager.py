@@ -468,7 +468,7 @@ class CheckpointManager:
         """
         step = _check_step("step", step)
         rng = check_bool("rng", rng)
-        engine = _sharded.engine_of(model)
+        engine, refused = _sharded.route(model)
         if engine is not None:
             extra_sharded = _checked_extra(extra_state)
             if ref_model is model:
@@ -477,7 +477,7 @@ class CheckpointManager:
             return self._save_sharded(
                 engine, step, model, optimizer, scheduler, ref_model, rollout_buffer, rng, extra_sharded
             )
-        refuse_unsaveable(model)
+        _refuse(refused)
         model_state = capture_module("model", model)
         ref_state = None
         if ref_model is not None:
@@ -661,11 +661,11 @@ class CheckpointManager:
                 clone=clone,
             )
 
-        engine = _sharded.engine_of(model)
+        engine, refused = _sharded.route(model)
         if engine is not None:
             parts = _Live(model, optimizer, scheduler, ref_model, rng)
             return self._restore_sharded(engine, step, before_step, wanted, parts, discard_newer)
-        refuse_unsaveable(model)
+        _refuse(refused)
         if self._in_memory:
             return self._restore_memory(step, before_step, wanted, load, discard_newer)
         return self._restore_disk(step, before_step, wanted, load, discard_newer)
@@ -1550,7 +1550,11 @@ def refuse_unsaveable(model: object) -> None:
     FSDP1 keeps its parameters and optimizer state flattened and sharded per rank. A DeepSpeed engine (whose
     partitions it saves itself) and a DTensor model are saved by their own engines.
     """
-    refused = _sharded.unsaveable(model)
+    _refuse(_sharded.unsaveable(model))
+
+
+def _refuse(refused: str | None) -> None:
+    """Raise :func:`refuse_unsaveable`'s error for ``refused`` (:func:`_sharded.unsaveable`'s answer)."""
     if refused == "fsdp1":
         msg = (
             "`model` is wrapped in FSDP1 (FullyShardedDataParallel), whose optimizer state is flattened and "

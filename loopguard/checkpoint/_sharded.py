@@ -170,6 +170,20 @@ def engine_of(model: object) -> str | None:
     return ENGINE if is_sharded(model) else None
 
 
+def route(model: object) -> tuple[str | None, str | None]:
+    """:func:`engine_of` and :func:`unsaveable` of ``model``, read from one walk of its modules."""
+    if is_deepspeed(model):
+        return DEEPSPEED, None
+    if not isinstance(model, torch.nn.Module):
+        return None, None
+    modules, parameters = _walk(model)
+    if _holds(parameters, _dtensor_type()):
+        return ENGINE, None
+    if _holds(modules, _fsdp1_type()):
+        return None, "fsdp1"
+    return None, "zero3" if _partitioned(parameters) else None
+
+
 def rng_names(rank: int) -> tuple[str, str]:
     """The files holding ``rank``'s RNG states."""
     return f"rng-{rank:05d}.json", f"rng-{rank:05d}.safetensors"

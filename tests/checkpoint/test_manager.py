@@ -477,3 +477,21 @@ def test_numpy_integer_steps_and_verify(manager_factory):
     manager.verify("last_good")
     with pytest.raises(ConfigError, match=re.escape("`step` must be a saved checkpoint step (5), got 6.")):
         manager.verify(6)
+
+
+def test_a_save_reads_the_engine_and_the_refusal_from_one_walk_with_the_same_answers(manager_factory):
+    from loopguard.checkpoint import _sharded
+
+    model, optimizer, _ = make_mlp()
+    for value in (model, "not a module", torch.nn.Module()):
+        assert _sharded.route(value) == (_sharded.engine_of(value), _sharded.unsaveable(value))
+    # DeepSpeed ZeRO-3 marks each partitioned parameter with a ds_id: no process holds the weights
+    partitioned, _, _ = make_mlp()
+    next(partitioned.parameters()).ds_id = 0
+    assert _sharded.route(partitioned) == (None, "zero3") == (None, _sharded.unsaveable(partitioned))
+    manager = manager_factory()
+    with pytest.raises(ConfigError, match="partitioned by DeepSpeed ZeRO-3"):
+        manager.save(1, partitioned)
+    assert manager.steps() == ()  # refused before anything was written
+    manager.save(1, model, optimizer)
+    assert manager.steps() == (1,)
