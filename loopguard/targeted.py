@@ -37,7 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import attrs
@@ -48,7 +48,8 @@ from loopguard._saved_state import Fields, as_state_error, check_state_reals, op
 from loopguard._validation import describe, integer, real
 from loopguard.exceptions import ConfigError, LoopguardTypeError, StateError
 from loopguard.signals import TokenBatch, as_token_batch
-from loopguard.signals._repetition import repetition_rates
+from loopguard.signals._repetition import repetition_rates, row_repetition_rates
+from loopguard.signals._sequences import plain_id_rows
 
 __all__ = [
     "MARGIN",
@@ -133,6 +134,21 @@ class Target:
         # ngram_repetition_rate's per-row rates, without re-checking n (the field's validator did)
         return repetition_rates(as_token_batch("batch", batch), int(self.n or 1))
 
+    def row_feature(self, rows: Sequence[Sequence[int]]) -> NDArray[np.float64]:
+        """:meth:`feature` of the batch of ``rows`` (plain id rows, ``plain_id_rows``), read off the rows.
+
+        The same numbers: the counts are exact, and the arithmetic after them is :meth:`feature`'s.
+        """
+        if self.kind in ("tokens", "presence"):
+            token = self.token
+            counts = np.fromiter((row.count(token) for row in rows), dtype=np.float64, count=len(rows))
+            return counts if self.kind == "tokens" else np.minimum(counts, 1.0)
+        if self.kind == "length":
+            lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+            past: NDArray[np.float64] = np.maximum(lengths - float(self.threshold or 0.0), 0.0)
+            return past
+        return row_repetition_rates(rows, int(self.n or 1))
+
     def describe(self, names: Mapping[int, str] | None = None) -> str:
         """One plain-English phrase; ``names`` gives a token's text (quoted after its id) where it has one.
 
@@ -199,15 +215,21 @@ class TargetedPenalty:
         Raises:
             LoopguardTypeError, InputError: ids that are not a batch of non-negative integer sequences.
         """
-        batch = (
-            completion_ids
-            if isinstance(completion_ids, TokenBatch)
-            else as_token_batch("completion_ids", completion_ids)
-        )
-        total = np.zeros(batch.n_rows, dtype=np.float64)
+        rows = plain_id_rows(completion_ids)
+        feature: Callable[[Target], NDArray[np.float64]]
+        if rows is not None:  # TRL's lists of ids, in its reward step: read as they are, no batch built
+            size, feature = len(rows), lambda target: target.row_feature(rows)
+        else:
+            batch = (
+                completion_ids
+                if isinstance(completion_ids, TokenBatch)
+                else as_token_batch("completion_ids", completion_ids)
+            )
+            size, feature = batch.n_rows, lambda target: target.feature(batch)
+        total = np.zeros(size, dtype=np.float64)
         for target in self.targets:
             if target.rate > 0:
-                total += target.rate * target.feature(batch)
+                total += target.rate * feature(target)
         return total
 
     def merged(self, new: Sequence[Target], *, lower: bool = False) -> TargetedPenalty:

@@ -4,9 +4,13 @@ import re
 import attrs
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from loopguard import ConfigError, StateError
+from loopguard import ConfigError, InputError, LoopguardTypeError, StateError
 from loopguard.signals import as_token_batch
+from loopguard.signals._repetition import repetition_rates, row_repetition_rates
+from loopguard.signals._sequences import MAX_TOKENS_PER_TRAJECTORY, MAX_TRAJECTORIES, plain_id_rows
 from loopguard.targeted import (
     MAX_TARGETS,
     PriceEvidence,
@@ -228,3 +232,72 @@ def test_pooled_evidence_round_trips_through_json_and_bad_fields_are_named():
         PriceEvidence.from_dict({**payload, "groups": 9})
     with pytest.raises(StateError, match=re.escape("must be 'loopguard.PriceEvidence'")):
         PriceEvidence.from_dict({**payload, "kind": "loopguard.TargetedPenalty"})
+
+
+_TARGETS = st.lists(
+    st.one_of(
+        st.builds(Target, kind=st.sampled_from(["tokens", "presence"]), token=st.integers(0, 6),
+                  rate=st.floats(0.0, 2.0), source=st.just("t")),
+        st.builds(Target, kind=st.just("length"), threshold=st.floats(0.0, 12.0), rate=st.floats(0.0, 2.0),
+                  source=st.just("t")),
+        st.builds(Target, kind=st.just("repetition"), n=st.integers(1, 4), rate=st.floats(0.0, 2.0),
+                  source=st.just("t")),
+    ),
+    min_size=1,
+    max_size=4,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.lists(st.integers(0, 6), max_size=14), min_size=1, max_size=10),
+    targets=_TARGETS,
+    as_tuples=st.booleans(),
+)
+def test_plain_id_rows_are_penalised_exactly_as_their_batch(rows, targets, as_tuples):
+    # TRL hands the reward function lists of Python ints: the penalty reads them as they are (no batch is
+    # built), and must give the bits the batch gives
+    if as_tuples:
+        rows = [tuple(row) for row in rows]
+    assert plain_id_rows(rows) is rows
+    penalty = TargetedPenalty(tuple(targets))
+    read = penalty(rows)
+    assert read.dtype == np.float64
+    assert read.tobytes() == penalty(as_token_batch("completion_ids", rows)).tobytes()
+    n = next((t.n for t in targets if t.kind == "repetition"), 2)
+    assert row_repetition_rates(rows, n).tobytes() == repetition_rates(as_token_batch("x", rows), n).tobytes()
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
+        [],
+        [[1, 2], [True]],
+        [[1, -100]],
+        [[1, 2**63]],
+        [[np.int64(3)]],
+        [np.array([1, 2])],
+        ["a b"],
+        ([1, 2],),  # a tuple of lists is taken; see below
+    ],
+)
+def test_ids_that_are_not_plain_rows_take_the_batch_path_and_its_errors(ids):
+    penalty = TargetedPenalty((Target(kind="tokens", token=1, rate=1.0, source="t"),))
+    if isinstance(ids, tuple):
+        assert plain_id_rows(ids) is ids
+        assert penalty(ids).tolist() == [1.0]
+        return
+    assert plain_id_rows(ids) is None
+    try:
+        expected = penalty(as_token_batch("completion_ids", ids))
+    except (InputError, LoopguardTypeError) as error:
+        with pytest.raises(type(error), match=re.escape(str(error))):
+            penalty(ids)
+    else:
+        assert penalty(ids).tobytes() == expected.tobytes()
+
+
+def test_rows_past_the_caps_are_not_plain():
+    assert plain_id_rows([[]] * MAX_TRAJECTORIES) is not None
+    assert plain_id_rows([[]] * (MAX_TRAJECTORIES + 1)) is None  # as_token_batch names the cap
+    assert plain_id_rows([[0] * (MAX_TOKENS_PER_TRAJECTORY + 1)]) is None

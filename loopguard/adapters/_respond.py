@@ -147,9 +147,9 @@ def penalise_rewards(trainer: Any, guard: Guard) -> str | None:
             log_extra(f"{name}/unshaped", raw)
         if penalty is None:
             return output
-        amounts = penalty(ids) / weight  # TRL's lists of ids (or tensors): converted once, by the penalty
+        amounts = (penalty(ids) / weight).tolist()  # TRL's lists of ids (or tensors), read by the penalty
         pairs = zip(raw, amounts, strict=True)
-        return [None if value is None else value - float(amount) for value, amount in pairs]
+        return [None if value is None else value - amount for value, amount in pairs]
 
     def finish(_prepared: Any, _args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
         started = time.perf_counter()

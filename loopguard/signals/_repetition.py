@@ -19,6 +19,7 @@ counts are kept on the batch, so the per-row and pooled views of one batch cost 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Literal, overload
 
 import numpy as np
@@ -227,11 +228,31 @@ def _count_ngrams_in_python(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64
             distinct.append(0)
             total.append(0)
             continue
-        grams = set(zip(*(tokens[start + j : start + j + count] for j in range(n)), strict=True))
+        grams = _grams(tokens, start, count, n)
         distinct.append(len(grams))
         total.append(count)
         pooled |= grams
     return np.array(distinct, dtype=np.int64), np.array(total, dtype=np.int64), len(pooled)
+
+
+def _grams(tokens: Sequence[int], start: int, count: int, n: int) -> set[tuple[int, ...]]:
+    """The distinct n-grams of the ``count`` that start at ``start``, ``start + 1``, ... of ``tokens``."""
+    return set(zip(*(tokens[start + j : start + j + count] for j in range(n)), strict=True))
+
+
+def row_repetition_rates(rows: Sequence[Sequence[int]], n: int) -> NDArray[np.float64]:
+    """:func:`repetition_rates` of the batch of ``rows`` (checked by ``plain_id_rows``), read off the rows.
+
+    The same exact counts as a batch's Python path (:func:`_count_ngrams_in_python`) and the same division.
+    """
+    distinct = np.zeros(len(rows), dtype=np.int64)
+    total = np.zeros(len(rows), dtype=np.int64)
+    for index, row in enumerate(rows):
+        count = len(row) - n + 1  # n-grams that lie inside the row
+        if count > 0:
+            distinct[index] = len(_grams(row, 0, count, n))
+            total[index] = count
+    return _fraction(distinct, total, repeated=True)
 
 
 def corpus_distinct(batch: TokenBatch, n: int) -> float:
@@ -248,7 +269,14 @@ def repetition_rates(batch: TokenBatch, n: int) -> NDArray[np.float64]:
 def _per_row_fraction(batch: TokenBatch, n: int, *, repeated: bool) -> NDArray[np.float64]:
     """Per-row share of repeated (``repeated=True``, 0.0 without n-grams) or distinct (1.0) n-grams."""
     distinct, total = _ngram_counts(batch, n, per_row=True)
-    fraction = np.empty(batch.n_rows)
+    return _fraction(distinct, total, repeated=repeated)
+
+
+def _fraction(
+    distinct: NDArray[np.int64], total: NDArray[np.int64], *, repeated: bool
+) -> NDArray[np.float64]:
+    """Each row's share of repeated (0.0 without n-grams) or distinct (1.0) n-grams from its counts."""
+    fraction = np.empty(len(total))
     fraction.fill(0.0 if repeated else 1.0)
     np.divide(total - distinct if repeated else distinct, total, out=fraction, where=total > 0)
     return fraction

@@ -25,6 +25,8 @@ from loopguard._validation import (
 )
 from loopguard.exceptions import InputError, LoopguardTypeError
 
+_INT64_MAX = int(np.iinfo(np.int64).max)
+
 __all__ = ["TokenBatch", "as_token_batch"]
 
 
@@ -234,6 +236,33 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
     if batch.frozen():  # known here: the cap check and the kernels read the lengths without a diff
         batch._keep("lengths", lengths)
     return batch
+
+
+def plain_id_rows(sequences: object) -> Sequence[Sequence[int]] | None:
+    """``sequences`` itself when :func:`as_token_batch` takes it with its default caps and no conversion.
+
+    That is: a non-empty list or tuple of at most :data:`MAX_TRAJECTORIES` rows, each a list or tuple of at
+    most :data:`MAX_TOKENS_PER_TRAJECTORY` Python ints in ``[0, 2**63)`` (TRL's ``completion_ids``). None
+    for anything else, which :func:`as_token_batch` converts or explains. A kernel that reads a few numbers
+    per row (the targeted penalty, in the trainer's reward step) reads such rows without building a batch.
+    """
+    if type(sequences) is not list and type(sequences) is not tuple:
+        return None
+    rows = cast("Sequence[object]", sequences)
+    if not rows or len(rows) > MAX_TRAJECTORIES:
+        return None
+    if not all(type(row) is list or type(row) is tuple for row in rows):
+        return None
+    lists = cast("Sequence[Sequence[object]]", rows)
+    if max(map(len, lists)) > MAX_TOKENS_PER_TRAJECTORY:
+        return None
+    flat = list(itertools.chain.from_iterable(lists))
+    if flat and not set(map(type, flat)) <= {int}:
+        return None
+    ids = cast("list[int]", flat)
+    if ids and not (min(ids) >= 0 and max(ids) <= _INT64_MAX):
+        return None
+    return cast("Sequence[Sequence[int]]", lists)
 
 
 def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
