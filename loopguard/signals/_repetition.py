@@ -237,7 +237,10 @@ def _count_ngrams_in_python(batch: TokenBatch, n: int) -> tuple[NDArray[np.int64
 
 def _grams(tokens: Sequence[int], start: int, count: int, n: int) -> set[tuple[int, ...]]:
     """The distinct n-grams of the ``count`` that start at ``start``, ``start + 1``, ... of ``tokens``."""
-    return set(zip(*(tokens[start + j : start + j + count] for j in range(n)), strict=True))
+    end = start + count
+    if n == 2:  # bigrams, the default: two slices, without the general case's list of them
+        return set(zip(tokens[start:end], tokens[start + 1 : end + 1], strict=True))
+    return set(zip(*[tokens[start + j : end + j] for j in range(n)], strict=True))
 
 
 def row_repetition_rates(rows: Sequence[Sequence[int]], n: int) -> NDArray[np.float64]:
