@@ -153,21 +153,12 @@ def unsaveable(model: object) -> str | None:
 
     A DeepSpeed engine and a DTensor model are saved by their own engines (None).
     """
-    if is_deepspeed(model) or not isinstance(model, torch.nn.Module):
-        return None
-    modules, parameters = _walk(model)
-    if _holds(parameters, _dtensor_type()):
-        return None
-    if _holds(modules, _fsdp1_type()):
-        return "fsdp1"
-    return "zero3" if _partitioned(parameters) else None
+    return route(model)[1]
 
 
 def engine_of(model: object) -> str | None:
     """The engine a checkpoint of ``model`` goes through: ``"deepspeed"``, ``"dcp"`` (DTensors) or None."""
-    if is_deepspeed(model):
-        return DEEPSPEED
-    return ENGINE if is_sharded(model) else None
+    return route(model)[0]
 
 
 def route(model: object) -> tuple[str | None, str | None]:

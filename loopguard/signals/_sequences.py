@@ -220,12 +220,10 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
     tensors, numpy ints, floats, bools, ids beyond int64) takes the row-by-row path, whose errors name the
     row.
     """
-    if not all(type(row) is list or type(row) is tuple for row in sequences):
+    flat = _int_rows_flat(sequences)
+    if flat is None:
         return None
-    rows = cast("Sequence[Sequence[object]]", sequences)
-    flat = list(itertools.chain.from_iterable(rows))
-    if not set(map(type, flat)) <= {int}:
-        return None
+    rows = cast("Sequence[Sequence[int]]", sequences)
     tokens = np.asarray(flat) if flat else np.zeros(0, np.int64)
     if tokens.dtype != np.int64:  # an id beyond int64 (an object array): explained row by row
         return None
@@ -236,6 +234,14 @@ def _from_int_rows(sequences: Sequence[object]) -> TokenBatch | None:
     if batch.frozen():  # known here: the cap check and the kernels read the lengths without a diff
         batch._keep("lengths", lengths)
     return batch
+
+
+def _int_rows_flat(rows: Sequence[object]) -> list[int] | None:
+    """Every id of ``rows``, in order, when the rows are lists or tuples of exact Python ints; else None."""
+    if not all(type(row) is list or type(row) is tuple for row in rows):
+        return None
+    flat = list(itertools.chain.from_iterable(cast("Sequence[Sequence[object]]", rows)))
+    return cast("list[int]", flat) if set(map(type, flat)) <= {int} else None
 
 
 def plain_id_rows(sequences: object) -> Sequence[Sequence[int]] | None:
@@ -251,18 +257,15 @@ def plain_id_rows(sequences: object) -> Sequence[Sequence[int]] | None:
     rows = cast("Sequence[object]", sequences)
     if not rows or len(rows) > MAX_TRAJECTORIES:
         return None
-    if not all(type(row) is list or type(row) is tuple for row in rows):
+    ids = _int_rows_flat(rows)
+    if ids is None:
         return None
-    lists = cast("Sequence[Sequence[object]]", rows)
+    lists = cast("Sequence[Sequence[int]]", rows)
     if max(map(len, lists)) > MAX_TOKENS_PER_TRAJECTORY:
         return None
-    flat = list(itertools.chain.from_iterable(lists))
-    if flat and not set(map(type, flat)) <= {int}:
-        return None
-    ids = cast("list[int]", flat)
     if ids and not (min(ids) >= 0 and max(ids) <= _INT64_MAX):
         return None
-    return cast("Sequence[Sequence[int]]", lists)
+    return lists
 
 
 def _from_id_sequences(name: str, sequences: Sequence[object]) -> TokenBatch:
